@@ -1,0 +1,19 @@
+"""cdiff: differentiable, batched simulation of constrained mechanical systems."""
+
+import importlib.metadata
+
+from diffrax import SaveAt as SaveAt
+
+from . import models as models
+from ._formulation.base import AbstractFormulation as AbstractFormulation
+from ._formulation.lagrange import Lagrange as Lagrange
+from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
+from ._kinematics import Kinematics as Kinematics, kinematics as kinematics
+from ._model import AbstractModel as AbstractModel
+from ._simulate import Solution as Solution, simulate as simulate
+from ._solver.rk4 import RK4 as RK4
+
+try:
+    __version__ = importlib.metadata.version("cdiff")
+except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+    __version__ = "0.0.0"

@@ -1,0 +1,77 @@
+"""The formulation interface and the pieces every formulation shares."""
+
+from __future__ import annotations
+
+import abc
+from typing import Any
+
+import equinox as eqx
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PyTree
+
+from .._linalg import MassFactor, PseudoInverse
+from .._model import AbstractModel
+
+
+class Context(eqx.Module):
+    """What stays fixed during one solve: the model, the controller, and `e0`, the
+    energy at the initial state (NaN when the model defines no energy)."""
+
+    model: AbstractModel
+    control: Any
+    e0: Float[Array, ""]
+
+
+class AbstractFormulation(eqx.Module):
+    r"""Turns a model into a first-order vector field that diffrax can integrate.
+
+    The state is `y = (q, v)`. A formulation may also need quantities *frozen* at
+    the start of each step (Braun-Goldfarb's $\Delta = \Phi/dt$ terms): it returns
+    them from `freeze`, and cdiff's solver wrapper computes them once per step and
+    passes them to every Runge-Kutta stage.
+    """
+
+    @abc.abstractmethod
+    def vector_field(self, t, y, context: Context, frozen: PyTree) -> PyTree:
+        """The time derivative of the state `y = (q, v)`."""
+
+    def freeze(self, t0, t1, y0, context: Context) -> PyTree:
+        """Per-step quantities evaluated at the start `(t0, y0)` of a step to `t1`."""
+        del t0, t1, y0, context
+        return None
+
+
+def applied_forces(context: Context, t, q, v) -> Float[Array, " nq"]:
+    """$Q(t, q, v) + E(t, q)u$, with `u = control(t, q, v)` when a controller is set."""
+    model = context.model
+    f = model.forces(t, q, v)
+    if context.control is not None:
+        u = jnp.asarray(context.control(t, q, v), dtype=q.dtype)
+        f = f + model.input_matrix(t, q) @ u
+    return f
+
+
+def mass_factor(model: AbstractModel, t, q) -> MassFactor:
+    """Cholesky factor of the mass matrix, with a run-time positive-definiteness check."""
+    mf = MassFactor(model.mass_matrix(t, q))
+    L = eqx.error_if(
+        mf.L,
+        ~mf.ok,
+        f"cdiff: {type(model).__name__}.mass_matrix(t, q) is not symmetric positive "
+        "definite (its Cholesky factorisation failed) at a state reached by the solver.",
+    )
+    return eqx.tree_at(lambda m: m.L, mf, L)
+
+
+def constrained_acceleration(
+    mf: MassFactor, a, A_v, r_v, rtol=None
+) -> tuple[Float[Array, " nq"], PseudoInverse]:
+    r"""The mass-weighted minimum-norm correction $R^{-1}C^+ r$ of the unconstrained
+    acceleration `a`, with $C = A_v R^{-1}$ (Braun-Goldfarb eq. 13; for full-rank
+    $A_v$ the same as the Schur-complement solution of the KKT system).
+
+    **Returns:** the weighted correction $y = C^+ r$ (so that
+    $\dot v = a + R^{-1}y$) and the factorised pseudoinverse, reused by callers.
+    """
+    pinv = PseudoInverse(mf.weight(A_v), rtol)
+    return pinv.solve(r_v), pinv

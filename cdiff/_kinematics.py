@@ -1,0 +1,102 @@
+r"""Constraint kinematics by automatic differentiation.
+
+A model writes residuals only; everything a formulation needs at velocity and
+acceleration level is derived here with `jax.jvp` / `jax.jacfwd`:
+
+* holonomic $\Phi_q(t, q)$: $A_q = \partial\Phi_q/\partial q$,
+  $b_q = -\partial\Phi_q/\partial t$, $\dot\Phi_q = A_q v - b_q$ and
+  $b_{qv} = -\tfrac{d^2}{ds^2}\Phi_q(t + s, q + s v)|_{s=0}$
+  (so that $A_q\ddot q = b_{qv}$ is $\ddot\Phi_q = 0$);
+* nonholonomic $\Phi_v(t, q, v)$: $A_{vv} = \partial\Phi_v/\partial v$,
+  $b_{vv} = -(\partial\Phi_v/\partial q)\,v - \partial\Phi_v/\partial t$;
+* energy $E(t, q, v)$: $A_e = \partial E/\partial v$,
+  $b_e = -\partial E/\partial t - (\partial E/\partial q)\,v$.
+
+Notation follows Braun & Goldfarb (2012), eqs. 4-5 and 19.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float
+
+from ._model import AbstractModel
+
+
+class Kinematics(eqx.Module):
+    r"""Constraint quantities at one state $(t, q, v)$.
+
+    Rows of the acceleration-level system stack the holonomic constraints first
+    and the nonholonomic ones after them: $A_v = [A_q; A_{vv}]$,
+    $b_v = [b_{qv}; b_{vv}]$.
+    """
+
+    phi_q: Float[Array, " m"]
+    dphi_q: Float[Array, " m"]
+    A_q: Float[Array, "m nq"]
+    b_q: Float[Array, " m"]
+    phi_v: Float[Array, " p"]
+    A_v: Float[Array, "k nq"]
+    b_v: Float[Array, " k"]
+
+    @property
+    def velocity_residual(self) -> Float[Array, " k"]:
+        r"""$[\dot\Phi_q; \Phi_v]$: the constraint violation at velocity level."""
+        return jnp.concatenate([self.dphi_q, self.phi_v])
+
+
+def _unit(t):
+    return jnp.ones_like(t)
+
+
+def kinematics(model: AbstractModel, t, q, v) -> Kinematics:
+    """Evaluate the constraint kinematics of `model` at `(t, q, v)` by autodiff."""
+    t = jnp.asarray(t, dtype=q.dtype)
+
+    def hol(t, q):
+        return model.holonomic(t, q)
+
+    def first(t, q):
+        return jax.jvp(hol, (t, q), (_unit(t), v))
+
+    (phi_q, dphi_q), (_, ddphi0) = jax.jvp(first, (t, q), (_unit(t), v))
+    A_q = jax.jacfwd(hol, argnums=1)(t, q)
+    b_q = A_q @ v - dphi_q
+
+    def non(t, q, v):
+        return model.nonholonomic(t, q, v)
+
+    phi_v, dphi_v0 = jax.jvp(non, (t, q, v), (_unit(t), v, jnp.zeros_like(v)))
+    A_vv = jax.jacfwd(non, argnums=2)(t, q, v)
+    A_v = jnp.concatenate([A_q, A_vv])
+    b_v = jnp.concatenate([-ddphi0, -dphi_v0])
+    return Kinematics(phi_q, dphi_q, A_q, b_q, phi_v, A_v, b_v)
+
+
+class EnergyLaw(eqx.Module):
+    r"""The energy law as an acceleration-level row: $A_e\ddot q = b_e$ (eq. 19)."""
+
+    energy: Float[Array, ""]
+    A_e: Float[Array, " nq"]
+    b_e: Float[Array, ""]
+
+
+def energy_law(model: AbstractModel, t, q, v, qdot=None) -> EnergyLaw:
+    r"""Energy, its velocity gradient and its acceleration-free rate, by autodiff.
+
+    `qdot` is the coordinate rate used in $b_e = -\partial E/\partial t -
+    (\partial E/\partial q)\,\dot q$; it defaults to `v`. Braun-Goldfarb's
+    corrected first-order form has $\dot q \neq v$ (eq. 16), and the energy law
+    must see the rate at which $q$ actually changes.
+    """
+    t = jnp.asarray(t, dtype=q.dtype)
+    qdot = v if qdot is None else qdot
+
+    def energy(t, q, v):
+        return model.energy(t, q, v)
+
+    E, dE0 = jax.jvp(energy, (t, q, v), (_unit(t), qdot, jnp.zeros_like(v)))
+    A_e = jax.grad(energy, argnums=2)(t, q, v)
+    return EnergyLaw(E, A_e, -dE0)

@@ -1,0 +1,247 @@
+"""simulate(): model + formulation + solver -> Solution with diagnostics."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from ._formulation.base import AbstractFormulation, Context
+from ._kinematics import kinematics
+from ._model import AbstractModel, check_model, has_energy
+from ._solver.frozen import FrozenStep
+from ._solver.rk4 import RK4
+
+
+class Solution(eqx.Module):
+    r"""The result of [`cdiff.simulate`][].
+
+    Rows are saved times. Where fewer steps were taken than `max_steps` allows
+    (for example under `jax.vmap` over step sizes), the unused trailing rows are
+    `inf`, as in diffrax.
+
+    **Attributes:**
+
+    - `ts`: saved times, shape `(T,)`.
+    - `q`, `v`: coordinates and velocities, shape `(T, nq)`.
+    - `holonomic_residual`: $\Phi_q(t, q)$, shape `(T, m)`.
+    - `velocity_residual`: $[\dot\Phi_q; \Phi_v]$, shape `(T, m + p)`.
+    - `energy`: $E(t, q, v)$, shape `(T,)`, or `None` if the model defines no energy.
+    - `result`: diffrax's result code (`diffrax.RESULTS`); `result.error_message`... see
+      [`cdiff.Solution.message`][].
+    - `dt`: the step size actually taken by a constant-step solve: diffrax takes
+      $T/\lceil T/dt\rceil$, which differs from `dt` when it does not divide the
+      horizon. `NaN` for adaptive solves.
+    - `stats`: diffrax's statistics (numbers of steps).
+    """
+
+    ts: Float[Array, " T"]
+    q: Float[Array, "T nq"]
+    v: Float[Array, "T nq"]
+    holonomic_residual: Float[Array, "T m"]
+    velocity_residual: Float[Array, "T k"]
+    energy: Float[Array, " T"] | None
+    result: diffrax.RESULTS
+    dt: Float[Array, ""]
+    stats: dict[str, Any]
+
+    @property
+    def message(self) -> str:
+        """The result as text ('' on success). Only outside `jit`."""
+        return diffrax.RESULTS[self.result]
+
+    @property
+    def max_constraint_error(self) -> Float[Array, ""]:
+        r"""$\max_t \|\Phi_q\|_\infty$ over the saved (finite) rows."""
+        return _finite_max(jnp.abs(self.holonomic_residual))
+
+    @property
+    def max_energy_error(self) -> Float[Array, ""]:
+        r"""$\max_t |E(t) - E(t_0)|$ (`NaN` without an energy)."""
+        if self.energy is None:
+            return jnp.asarray(jnp.nan)
+        return _finite_max(jnp.abs(self.energy - self.energy[..., :1]))
+
+
+def _finite_max(x):
+    x = jnp.where(jnp.isfinite(x), x, -jnp.inf)
+    if x.size == 0:
+        return jnp.zeros((), x.dtype)
+    return jnp.max(x)
+
+
+def _is_concrete(x) -> bool:
+    return not any(isinstance(leaf, jax.core.Tracer) for leaf in jax.tree.leaves(x))
+
+
+def constant_steps(t0, t1, dt) -> int:
+    """The number of steps diffrax's `ConstantStepSize` takes from `t0` to `t1`."""
+    return int(math.ceil((float(t1) - float(t0)) / float(np.nextafter(dt, np.inf))))
+
+
+class _VectorField(eqx.Module):
+    formulation: AbstractFormulation
+
+    def __call__(self, t, y, args):
+        context, frozen = args
+        return self.formulation.vector_field(t, y, context, frozen)
+
+
+def simulate(
+    model: AbstractModel,
+    formulation: AbstractFormulation,
+    q0,
+    v0,
+    *,
+    t1,
+    dt,
+    t0=0.0,
+    solver: diffrax.AbstractSolver | None = None,
+    saveat: diffrax.SaveAt | None = None,
+    control=None,
+    max_steps: int | None = None,
+    stepsize_controller: diffrax.AbstractStepSizeController | None = None,
+    adjoint: diffrax.AbstractAdjoint | None = None,
+    throw: bool = True,
+    progress: bool = False,
+) -> Solution:
+    r"""Simulate `model` with `formulation` from `(q0, v0)` at time `t0` to `t1`.
+
+    Composes with `jax.jit`, `jax.vmap` (over `dt`, formulation gains, model fields,
+    initial state) and `jax.grad` (over model fields and initial state).
+
+    **Arguments:**
+
+    - `model`: a [`cdiff.AbstractModel`][].
+    - `formulation`: e.g. [`cdiff.Lagrange`][] or [`cdiff.UdwadiaKalaba`][].
+    - `q0`, `v0`: initial coordinates and velocities, shape `(nq,)`. They need not
+      satisfy the constraints (the formulation decides what happens then).
+    - `t1`: final time. `t0`: initial time (default 0).
+    - `dt`: step size (the initial step size for an adaptive controller). With the
+      default constant step size diffrax takes `ceil((t1 - t0) / dt)` equal steps.
+    - `solver`: any diffrax solver; default [`cdiff.RK4`][].
+    - `saveat`: a `cdiff.SaveAt` (= `diffrax.SaveAt`); default: `t0` and every step.
+    - `control`: optional callable `u = control(t, q, v)` (e.g. an
+      `equinox.Module` controller); its output enters as $E(t, q)u$.
+    - `max_steps`: static bound on the number of steps. Computed from `dt` when `dt`
+      is a concrete number; **required** when `dt` is traced (e.g. under
+      `jax.vmap` over step sizes), where it also fixes the number of saved rows.
+    - `stepsize_controller`: default `diffrax.ConstantStepSize()`.
+    - `adjoint`: default `diffrax.RecursiveCheckpointAdjoint()` (reverse mode);
+      `diffrax.ForwardMode()` for `jax.jacfwd`.
+    - `throw`: raise on solver failure (default). With `throw=False` check
+      `Solution.result`.
+    - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`).
+
+    **Returns:** a [`cdiff.Solution`][].
+
+    **Raises:** `ValueError` for inconsistent shapes, non-finite initial states or
+    parameters, `dt <= 0` or `t1 <= t0` (checked before tracing where concrete, and
+    with `eqx.error_if` inside `jit`).
+    """
+    if not isinstance(formulation, AbstractFormulation):
+        raise TypeError(
+            f"formulation must be a cdiff formulation (e.g. cdiff.Lagrange()), got "
+            f"{type(formulation).__name__}"
+        )
+    q0 = jnp.asarray(q0)
+    if not jnp.issubdtype(q0.dtype, jnp.floating):
+        q0 = q0.astype(jnp.result_type(float))
+    v0 = jnp.asarray(v0, dtype=q0.dtype)
+    check_model(model, t0, q0, v0)
+    dtype = q0.dtype
+    solver = RK4() if solver is None else solver
+    if stepsize_controller is None:
+        stepsize_controller = diffrax.ConstantStepSize()
+    constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
+    if _is_concrete((t0, t1, dt)):
+        if not float(dt) > 0:
+            raise ValueError(f"dt must be positive, got dt={float(dt)}")
+        if not (math.isfinite(float(t1)) and math.isfinite(float(t0))):
+            raise ValueError(f"t0 and t1 must be finite, got t0={t0}, t1={t1}")
+        if not float(t1) > float(t0):
+            raise ValueError(f"t1 must be greater than t0, got t0={t0}, t1={t1}")
+        if max_steps is None:
+            n = constant_steps(t0, t1, dt)
+            max_steps = n if constant else max(16 * n, 4096)
+    elif max_steps is None:
+        raise ValueError(
+            "cdiff.simulate: `dt`, `t0` or `t1` is traced (inside jax.jit, "
+            "jax.vmap or jax.grad), so the number of steps is not known when "
+            "tracing: pass a static `max_steps=` (for a constant step, at least "
+            "ceil((t1 - t0) / dt) for the smallest dt)."
+        )
+    t0 = jnp.asarray(t0, dtype)
+    t1 = jnp.asarray(t1, dtype)
+    dt = jnp.asarray(dt, dtype)
+    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
+    t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+    if saveat is None:
+        saveat = diffrax.SaveAt(t0=True, steps=True)
+    e0 = (
+        jnp.asarray(model.energy(t0, q0, v0), dtype)
+        if has_energy(model)
+        else jnp.asarray(jnp.nan, dtype)
+    )
+    context = Context(model, control, e0)
+    y0 = (q0, v0)
+    # A zero placeholder for the per-step data (see FrozenStep).
+    frozen0 = jax.tree.map(
+        jnp.zeros_like, formulation.freeze(t0, t0 + dt, y0, context)
+    )
+    y0 = eqx.error_if(
+        y0,
+        ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
+        "cdiff.simulate: the initial state (q0, v0) is not finite",
+    )
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(_VectorField(formulation)),
+        FrozenStep(solver, formulation),
+        t0,
+        t1,
+        dt,
+        y0,
+        args=(context, frozen0),
+        saveat=saveat,
+        stepsize_controller=stepsize_controller,
+        adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
+        max_steps=max_steps,
+        throw=throw,
+        progress_meter=(
+            diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
+        ),
+    )
+    q, v = sol.ys
+    ts = sol.ts
+    hol, vel, energy = diagnostics(model, ts, q, v)
+    if constant:
+        n_taken = jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
+        dt_taken = (t1 - t0) / n_taken
+    else:
+        dt_taken = jnp.asarray(jnp.nan, dtype)
+    return Solution(ts, q, v, hol, vel, energy, sol.result, dt_taken, sol.stats)
+
+
+def diagnostics(model: AbstractModel, ts, q, v):
+    """Constraint residuals and energy along saved states (inf rows stay inf)."""
+    valid = jnp.isfinite(ts)
+    safe = lambda x: jnp.where(valid[:, None], x, 0.0)  # noqa: E731
+
+    def one(t, q, v):
+        kin = kinematics(model, t, q, v)
+        e = model.energy(t, q, v) if has_energy(model) else None
+        return kin.phi_q, kin.velocity_residual, e
+
+    hol, vel, energy = jax.vmap(one)(jnp.where(valid, ts, 0.0), safe(q), safe(v))
+    inf = jnp.asarray(jnp.inf, q.dtype)
+    hol = jnp.where(valid[:, None], hol, inf)
+    vel = jnp.where(valid[:, None], vel, inf)
+    if energy is not None:
+        energy = jnp.where(valid, energy, inf)
+    return hol, vel, energy

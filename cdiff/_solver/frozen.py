@@ -1,0 +1,79 @@
+"""A solver wrapper that evaluates a formulation's per-step quantities once per step."""
+
+from __future__ import annotations
+
+import diffrax
+import jax
+import jax.numpy as jnp
+
+from .._formulation.base import AbstractFormulation
+
+
+def _all_finite(tree) -> jax.Array:
+    leaves = jax.tree_util.tree_leaves(tree)
+    return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
+
+
+class FrozenStep(diffrax.AbstractWrappedSolver):
+    """Wraps a diffrax solver so that every step of `formulation` sees the
+    quantities `formulation.freeze(t0, t1, y0, context)` computed once at the step
+    start (DESIGN: the Braun-Goldfarb $\\Delta$ terms must not be re-evaluated per
+    stage). diffrax has no hook for this, so, as for post-step projection, it is a
+    wrapper whose `step` calls the inner solver.
+
+    The diffeqsolve-level `args` is `(context, frozen0)`, with `frozen0` a
+    zero-correction placeholder of the right structure; every step replaces it with
+    `formulation.freeze(...)` before calling the inner solver. Because the vector field changes from one step
+    to the next, a first-same-as-last stage cached by the inner solver would be
+    stale, so the inner solver is always told `made_jump=True` when there is
+    frozen data. A non-finite state ends the solve with `RESULTS.nonfinite`.
+    """
+
+    solver: diffrax.AbstractSolver
+    formulation: AbstractFormulation
+
+    @property
+    def term_structure(self):
+        return self.solver.term_structure
+
+    @property
+    def interpolation_cls(self):  # pyright: ignore
+        return self.solver.interpolation_cls
+
+    @property
+    def term_compatible_contr_kwargs(self):
+        return self.solver.term_compatible_contr_kwargs
+
+    def order(self, terms):
+        return self.solver.order(terms)
+
+    def strong_order(self, terms):
+        return self.solver.strong_order(terms)
+
+    def error_order(self, terms):
+        return self.solver.error_order(terms)
+
+    def _args(self, t0, t1, y0, args):
+        context, _ = args
+        return context, self.formulation.freeze(t0, t1, y0, context)
+
+    def init(self, terms, t0, t1, y0, args):
+        return self.solver.init(terms, t0, t1, y0, self._args(t0, t1, y0, args))
+
+    def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
+        inner_args = self._args(t0, t1, y0, args)
+        if inner_args[1] is not None:
+            made_jump = True
+        y1, y_error, dense_info, solver_state, result = self.solver.step(
+            terms, t0, t1, y0, inner_args, solver_state, made_jump
+        )
+        result = diffrax.RESULTS.where(
+            _all_finite(y1), result, diffrax.RESULTS.nonfinite
+        )
+        return y1, y_error, dense_info, solver_state, result
+
+    def func(self, terms, t0, y0, args):
+        # Used by adaptive controllers to pick a first step: no correction yet.
+        return self.solver.func(terms, t0, y0, args)
+
+

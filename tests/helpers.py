@@ -1,0 +1,91 @@
+"""Shared test fixtures: small models with exact solutions, and cached runs."""
+
+from __future__ import annotations
+
+import functools
+
+import jax.numpy as jnp
+import numpy as np
+
+import cdiff
+
+
+class Skate(cdiff.AbstractModel):
+    r"""A knife edge (ice skate) on the plane: q = [x, y, theta], one nonholonomic
+    constraint sin(theta) xdot - cos(theta) ydot = 0 (no sideways slip), no forces.
+
+    Exact solution from speed u along the blade and spin omega: theta = omega t,
+    x = (u/omega) sin(omega t), y = (u/omega)(1 - cos(omega t)).
+    """
+
+    m: float = 2.0
+    inertia: float = 0.3
+
+    def mass_matrix(self, t, q):
+        return jnp.diag(jnp.stack([self.m, self.m, self.inertia]).astype(q.dtype))
+
+    def nonholonomic(self, t, q, v):
+        return jnp.stack([jnp.sin(q[2]) * v[0] - jnp.cos(q[2]) * v[1]])
+
+    def energy(self, t, q, v):
+        return 0.5 * v @ self.mass_matrix(t, q) @ v
+
+    @staticmethod
+    def exact(ts, u=1.0, omega=2.0):
+        th = omega * ts
+        q = np.stack([u / omega * np.sin(th), u / omega * (1 - np.cos(th)), th], -1)
+        v = np.stack([u * np.cos(th), u * np.sin(th), np.full_like(ts, omega)], -1)
+        return q, v
+
+
+class Duplicated(cdiff.AbstractModel):
+    """Any model with every holonomic constraint row written twice (redundant)."""
+
+    inner: cdiff.AbstractModel
+
+    def mass_matrix(self, t, q):
+        return self.inner.mass_matrix(t, q)
+
+    def forces(self, t, q, v):
+        return self.inner.forces(t, q, v)
+
+    def holonomic(self, t, q):
+        phi = self.inner.holonomic(t, q)
+        return jnp.concatenate([phi, phi])
+
+    def energy(self, t, q, v):
+        return self.inner.energy(t, q, v)
+
+
+@functools.cache
+def slider_crank_run(formulation, dt, t1=100.0):
+    """One R2 run per (formulation, dt), shared by every test that needs it."""
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    return cdiff.simulate(model, formulation, q0, v0, t1=t1, dt=dt, throw=False)
+
+
+def rk4_minimal_slider_crank(dt, t1=100.0):
+    """RK4 (cdiff.RK4, constant step) on the minimal ODE, eq. 24 of Braun-Goldfarb."""
+    import diffrax
+
+    model = cdiff.models.SliderCrank()
+
+    def rhs(t, y, args):
+        th, om = y
+        acc = -3.0 / (5.0 - 3.0 * jnp.cos(2 * th)) * (
+            jnp.sin(2 * th) * om**2 + model.g / model.l * jnp.cos(th)
+        )
+        return jnp.stack([om, acc])
+
+    sol = diffrax.diffeqsolve(
+        diffrax.ODETerm(rhs),
+        cdiff.RK4(),
+        0.0,
+        t1,
+        dt,
+        jnp.array([jnp.pi / 4, 0.0]),
+        saveat=diffrax.SaveAt(t0=True, steps=True),
+        max_steps=int(round(t1 / dt)),
+    )
+    return sol.ts, 2 * model.l * jnp.cos(sol.ys[:, 0])
