@@ -35,9 +35,9 @@ class Solution(eqx.Module):
     - `energy`: $E(t, q, v)$, shape `(T,)`, or `None` if the model defines no energy.
     - `result`: diffrax's result code (`diffrax.RESULTS`); `result.error_message`... see
       [`cdiff.Solution.message`][].
-    - `dt`: the step size actually taken by a constant-step solve: diffrax takes
-      $T/\lceil T/dt\rceil$, which differs from `dt` when it does not divide the
-      horizon. `NaN` for adaptive solves.
+    - `dt`: the step size actually taken by a constant-step solve,
+      $T/\lceil T/dt\rceil$, which differs from the requested `dt` when that does
+      not divide the horizon $T = t_1 - t_0$. `NaN` for adaptive solves.
     - `stats`: diffrax's statistics (numbers of steps).
     """
 
@@ -124,7 +124,8 @@ def simulate(
       satisfy the constraints (the formulation decides what happens then).
     - `t1`: final time. `t0`: initial time (default 0).
     - `dt`: step size (the initial step size for an adaptive controller). With the
-      default constant step size diffrax takes `ceil((t1 - t0) / dt)` equal steps.
+      default constant step size, `ceil((t1 - t0) / dt)` equal steps are taken
+      (reported as `Solution.dt`).
     - `solver`: any diffrax solver; default [`cdiff.RK4`][].
     - `saveat`: a `cdiff.SaveAt` (= `diffrax.SaveAt`); default: `t0` and every step.
     - `control`: optional callable `u = control(t, q, v)` (e.g. an
@@ -182,6 +183,18 @@ def simulate(
     dt = jnp.asarray(dt, dtype)
     dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
     t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+    if constant:
+        # diffrax takes its first step of `dt0` and the rest on the uniform grid of
+        # ceil(T/dt) steps; pass the uniform step so that every step is the same.
+        dt = (t1 - t0) / jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
+    if isinstance(adjoint, diffrax.ForwardMode) and isinstance(
+        solver, diffrax.AbstractRungeKutta
+    ):
+        # What diffrax.ForwardMode does for a bare Runge-Kutta solver (it cannot see
+        # through cdiff's wrapper): stage loops that JAX can differentiate forwards.
+        solver = eqx.tree_at(
+            lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None
+        )
     if saveat is None:
         saveat = diffrax.SaveAt(t0=True, steps=True)
     e0 = (
@@ -220,11 +233,7 @@ def simulate(
     q, v = sol.ys
     ts = sol.ts
     hol, vel, energy = diagnostics(model, ts, q, v)
-    if constant:
-        n_taken = jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
-        dt_taken = (t1 - t0) / n_taken
-    else:
-        dt_taken = jnp.asarray(jnp.nan, dtype)
+    dt_taken = dt if constant else jnp.asarray(jnp.nan, dtype)
     return Solution(ts, q, v, hol, vel, energy, sol.result, dt_taken, sol.stats)
 
 

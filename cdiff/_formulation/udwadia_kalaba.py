@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 
 from .._kinematics import energy_law, kinematics
-from .._linalg import PseudoInverse
+from .._linalg import PseudoInverse, default_rtol
 from .base import (
     AbstractFormulation,
     Context,
@@ -20,7 +21,7 @@ class _Deltas(eqx.Module):
     delta_q: jnp.ndarray  # Phi_q / dt               (eq. 4)
     delta_v: jnp.ndarray  # [dPhi_q; Phi_v] / dt     (eq. 5)
     delta_e: jnp.ndarray  # Phi_e / dt               (eq. 19)
-    phi_e: jnp.ndarray  # Phi_e at the step start, sets the energy-row threshold
+    damping_e: jnp.ndarray  # threshold (J) of the energy row's pseudoinverse
 
 
 class UdwadiaKalaba(AbstractFormulation):
@@ -58,10 +59,12 @@ class UdwadiaKalaba(AbstractFormulation):
 
     **Energy row threshold.** The row $C_eN_v$ vanishes at rest and at turning
     points, where no tangential force can change the energy. Its pseudoinverse is
-    damped by $|\Phi_e|$ (the energy error at the step start, in J) plus
-    `energy_damping`: the correction then never changes the speed by more than the
-    speed scale $\sqrt{|\Phi_e|}$ of the error itself, so it fades out smoothly
-    near rest instead of exploding.
+    damped by $|\Phi_e| + \text{rtol}\,|E| + $ `energy_damping` (J; $\Phi_e$ and
+    $E$ taken at the step start): the correction then never changes the speed by
+    more than the speed scale $\sqrt{|\Phi_e|}$ of the error itself, it is off
+    while the tangential kinetic energy is below the energy's round-off level, and
+    it fades out smoothly near rest instead of exploding (in value and in
+    gradient).
 
     **Arguments:**
 
@@ -94,14 +97,17 @@ class UdwadiaKalaba(AbstractFormulation):
         kin = kinematics(model, t0, q, v)
         scale = 1.0 if self.constraint_correction else 0.0
         if self.energy_correction:
-            phi_e = energy_law(model, t0, q, v).energy - context.e0
+            energy = model.energy(t0, q, v)
+            phi_e = energy - context.e0
+            rtol = default_rtol(q.dtype) if self.rtol is None else self.rtol
+            damping_e = jnp.abs(phi_e) + rtol * jnp.abs(energy) + self.energy_damping
         else:
-            phi_e = jnp.zeros((), q.dtype)
+            phi_e = damping_e = jnp.zeros((), q.dtype)
         return _Deltas(
             delta_q=scale * kin.phi_q / dt,
             delta_v=scale * kin.velocity_residual / dt,
             delta_e=phi_e / dt,
-            phi_e=phi_e,
+            damping_e=jax.lax.stop_gradient(damping_e),
         )
 
     def vector_field(self, t, y, context: Context, frozen: _Deltas):
@@ -126,7 +132,6 @@ class UdwadiaKalaba(AbstractFormulation):
             c_e = mf.weight(law.A_e[None])[0]
             w = pinv_v.null_project(c_e)  # (C_e N_v)^T = N_v C_e^T
             r_ev = law.b_e - law.A_e @ a - frozen.delta_e - c_e @ y_v
-            damping = jnp.abs(frozen.phi_e) + self.energy_damping
-            y_e = PseudoInverse(w[None], damping=damping).solve(r_ev[None])
+            y_e = PseudoInverse(w[None], damping=frozen.damping_e).solve(r_ev[None])
             y_v = y_v + y_e
         return dq, a + mf.unweight(y_v)

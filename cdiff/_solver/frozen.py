@@ -44,6 +44,12 @@ class FrozenStep(diffrax.AbstractWrappedSolver):
     def term_compatible_contr_kwargs(self):
         return self.solver.term_compatible_contr_kwargs
 
+    @property
+    def scan_kind(self):
+        # diffrax's adjoints look this up on Runge-Kutta solvers (isinstance checks
+        # see through the wrapper); `simulate` sets it on the inner solver.
+        return getattr(self.solver, "scan_kind", "lax") or "lax"
+
     def order(self, terms):
         return self.solver.order(terms)
 

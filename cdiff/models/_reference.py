@@ -25,6 +25,9 @@ def _require_x64(what: str) -> None:
         )
 
 
+_MAX_STEPS = 2**20
+
+
 @eqx.filter_jit
 def _solve(rhs, y0, ts, args, rtol, atol, max_steps):
     sol = diffrax.diffeqsolve(
@@ -45,7 +48,10 @@ def _solve(rhs, y0, ts, args, rtol, atol, max_steps):
 def solve_minimal(rhs, y0, ts, args=None, *, rtol=1e-12, atol=1e-12, t0=0.0):
     """Integrate the minimal-coordinate ODE `dy/dt = rhs(t, y, args)` from `t0` with
     diffrax's 8th-order Dormand-Prince at `rtol = atol = 1e-12`, in float64, and
-    return `y` at the times `ts` (which must be >= t0)."""
+    return `y` at the times `ts` (which must be >= t0).
+
+    `rhs` should be a module-level function (parameters go in `args`): the solve
+    is compiled once per `rhs` and shape of `ts`, and reused."""
     _require_x64("reference")
     ts = jnp.asarray(ts, dtype=jnp.float64)
     if ts.ndim != 1 or ts.size == 0:
@@ -56,6 +62,6 @@ def solve_minimal(rhs, y0, ts, args=None, *, rtol=1e-12, atol=1e-12, t0=0.0):
             "solve with unused max_steps leaves at the end)"
         )
     grid = jnp.concatenate([jnp.asarray([t0], jnp.float64), ts])
-    span = float(grid[-1] - grid[0])
-    ys = _solve(rhs, y0, grid, args, rtol, atol, max(4096, int(2000 * (1 + span))))
+    args = jax.tree.map(lambda a: jnp.asarray(a, jnp.float64), args)
+    ys = _solve(rhs, y0, grid, args, rtol, atol, _MAX_STEPS)
     return jax.tree.map(lambda y: y[1:], ys)

@@ -83,16 +83,8 @@ class SliderCrank(AbstractModel):
 
     def reference(self, ts, theta0=jnp.pi / 4, omega0=0.0):
         """Exact solution (eq. 24) at `ts`, mapped to the six absolute coordinates."""
-        g_over_l = self.g / self.l
-
-        def rhs(t, y, args):
-            th, om = y
-            acc = -3.0 / (5.0 - 3.0 * jnp.cos(2 * th)) * (
-                jnp.sin(2 * th) * om**2 + g_over_l * jnp.cos(th)
-            )
-            return jnp.stack([om, acc])
-
-        th, om = solve_minimal(rhs, jnp.array([theta0, omega0]), ts).T
+        y0 = jnp.stack([jnp.asarray(theta0, float), jnp.asarray(omega0, float)])
+        th, om = solve_minimal(_minimal_rhs, y0, ts, args=self.g / self.l).T
         h = self.l / 2
         c, s = jnp.cos(th), jnp.sin(th)
         q = jnp.stack([h * c, h * s, th, 3 * h * c, h * s, -th], axis=-1)
@@ -100,3 +92,12 @@ class SliderCrank(AbstractModel):
             [-h * s * om, h * c * om, om, -3 * h * s * om, h * c * om, -om], axis=-1
         )
         return Reference(jnp.asarray(ts), q, v)
+
+
+def _minimal_rhs(t, y, g_over_l):
+    """Eq. 24 as a first-order system (module level, so compiled solves are reused)."""
+    th, om = y
+    acc = -3.0 / (5.0 - 3.0 * jnp.cos(2 * th)) * (
+        jnp.sin(2 * th) * om**2 + g_over_l * jnp.cos(th)
+    )
+    return jnp.stack([om, acc])

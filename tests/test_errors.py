@@ -1,0 +1,309 @@
+"""Bad input fails early and clearly (DESIGN: "No silent NaN").
+
+Trace-time problems raise a ValueError naming the offending model method and the
+shapes; run-time problems inside jit raise through `eqx.error_if` or end the solve
+with a non-successful result code.
+"""
+
+import re
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cdiff
+from cdiff._model import check_model
+
+LAGRANGE = cdiff.Lagrange()
+
+
+def _simulate(model, q0, v0, **kwargs):
+    kwargs = {"t1": 0.1, "dt": 0.05, **kwargs}
+    return cdiff.simulate(model, LAGRANGE, q0, v0, **kwargs)
+
+
+class Particle(cdiff.AbstractModel):
+    """A free 2-D particle; subclasses break one method at a time."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+
+class FixedMass(Particle):
+    """Valid only for nq = 2: its mass matrix is always 2 x 2."""
+
+
+class Holonomic2D(Particle):
+    def holonomic(self, t, q):
+        return jnp.reshape(q, (2, 1))
+
+
+class Nonholonomic2D(Particle):
+    def nonholonomic(self, t, q, v):
+        return jnp.outer(q, v)
+
+
+class WideMass(Particle):
+    def mass_matrix(self, t, q):
+        return jnp.ones((2, 3), dtype=q.dtype)
+
+
+class VectorEnergy(Particle):
+    def energy(self, t, q, v):
+        return 0.5 * v * v
+
+
+class BadForces(Particle):
+    def forces(self, t, q, v):
+        return jnp.zeros(3, dtype=q.dtype)
+
+
+class BadInput(Particle):
+    def input_matrix(self, t, q):
+        return jnp.ones((3, 1), dtype=q.dtype)
+
+
+class Raising(Particle):
+    def holonomic(self, t, q):
+        return q[0] @ q  # a 0-d @ 1-d: fails when traced
+
+
+def _raises_value_error(*needles, call):
+    with pytest.raises(ValueError) as info:
+        call()
+    msg = str(info.value)
+    for needle in needles:
+        assert needle in msg, f"{needle!r} not in {msg!r}"
+    return msg
+
+
+def test_valid_model_passes_and_counts():
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    assert check_model(model, 0.0, q0, v0) == (6, 5, 0)
+    assert check_model(Particle(), 0.0, jnp.zeros(2), jnp.zeros(2)) == (2, 0, 0)
+
+
+# --- shapes ------------------------------------------------------------------------
+
+
+def test_q0_shape_does_not_match_mass_matrix():
+    # SliderCrank's mass matrix is 6 x 6 whatever q is.
+    model = cdiff.models.SliderCrank()
+    _raises_value_error(
+        "SliderCrank.mass_matrix", "(6, 6)", "(4, 4)", "(4,)",
+        call=lambda: _simulate(model, jnp.zeros(4), jnp.zeros(4)),
+    )
+    _raises_value_error(
+        "FixedMass.mass_matrix", "(2, 2)", "(3, 3)",
+        call=lambda: _simulate(FixedMass(), jnp.zeros(3), jnp.zeros(3)),
+    )
+
+
+def test_v0_shape_differs_from_q0():
+    model = cdiff.models.SliderCrank()
+    q0, _ = model.initial_state()
+    _raises_value_error("v0", "(6,)", "(5,)",
+                        call=lambda: _simulate(model, q0, jnp.zeros(5)))
+    _raises_value_error("v0", "(2,)", "(2, 1)",
+                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                                               jnp.zeros((2, 1))))
+
+
+def test_q0_not_1d():
+    _raises_value_error("q0", "1-D", "(1, 2)",
+                        call=lambda: _simulate(Particle(), jnp.zeros((1, 2)),
+                                               jnp.zeros((1, 2))))
+
+
+@pytest.mark.parametrize(
+    "model, needles",
+    [
+        (Holonomic2D(), ["Holonomic2D.holonomic", "1-D", "(2, 1)"]),
+        (Nonholonomic2D(), ["Nonholonomic2D.nonholonomic", "1-D", "(2, 2)"]),
+        (WideMass(), ["WideMass.mass_matrix", "(2, 3)", "(2, 2)"]),
+        (VectorEnergy(), ["VectorEnergy.energy", "scalar", "(2,)"]),
+        (BadForces(), ["BadForces.forces", "(3,)", "(2,)"]),
+        (BadInput(), ["BadInput.input_matrix", "(3, 1)"]),
+        (Raising(), ["Raising.holonomic", "(2,)"]),
+    ],
+    ids=lambda x: type(x).__name__ if isinstance(x, cdiff.AbstractModel) else "",
+)
+def test_bad_model_method(model, needles):
+    _raises_value_error(*needles,
+                        call=lambda: _simulate(model, jnp.zeros(2), jnp.zeros(2)))
+
+
+def test_formulation_type_checked():
+    with pytest.raises(TypeError, match="formulation"):
+        cdiff.simulate(Particle(), "lagrange", jnp.zeros(2), jnp.zeros(2),
+                       t1=1.0, dt=0.1)
+
+
+# --- non-finite values -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("which", ["q0", "v0"])
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_nonfinite_initial_state(which, bad):
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    if which == "q0":
+        q0 = q0.at[2].set(bad)
+    else:
+        v0 = v0.at[4].set(bad)
+    msg = _raises_value_error(which, "non-finite",
+                              call=lambda: _simulate(model, q0, v0))
+    assert re.search(r"nan|inf", msg, re.IGNORECASE)
+
+
+def test_nan_model_field():
+    model = cdiff.models.SliderCrank(m=float("nan"))
+    q0, v0 = cdiff.models.SliderCrank().initial_state()
+    _raises_value_error("SliderCrank", ".m", "non-finite",
+                        call=lambda: _simulate(model, q0, v0))
+
+
+# --- times and step sizes ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("dt", [0.0, -0.1])
+def test_nonpositive_dt(dt):
+    _raises_value_error("dt", "positive",
+                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                                               jnp.zeros(2), dt=dt))
+
+
+@pytest.mark.parametrize("t1", [0.0, -1.0])
+def test_t1_not_after_t0(t1):
+    _raises_value_error("t1", "t0",
+                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                                               jnp.zeros(2), t1=t1))
+    _raises_value_error("t1", "t0",
+                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                                               jnp.zeros(2), t0=2.0, t1=t1 + 2.0))
+
+
+def test_nonfinite_t1():
+    _raises_value_error("finite",
+                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                                               jnp.zeros(2), t1=float("inf")))
+
+
+def _free_run(q0, dt, t1):
+    return cdiff.simulate(Particle(), LAGRANGE, q0, jnp.ones(2), t1=t1, dt=dt,
+                          max_steps=4).q
+
+
+# One compiled batch of two runs serves every traced-input check below. Under
+# `eqx.filter_jit` a failed `eqx.error_if` raises `eqx.EquinoxRuntimeError`.
+_traced_runs = eqx.filter_jit(jax.vmap(_free_run))
+_GOOD = dict(q0=jnp.zeros((2, 2)), dt=jnp.asarray([0.05, 0.1]),
+             t1=jnp.asarray([0.2, 0.2]))
+
+
+def test_traced_dt_needs_max_steps():
+    def run(dt):
+        return cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+                              t1=0.2, dt=dt).q
+
+    with pytest.raises(ValueError, match="max_steps"):
+        jax.vmap(run)(jnp.asarray([0.05, 0.1]))
+    with pytest.raises(ValueError, match="max_steps"):
+        jax.jit(run)(jnp.asarray(0.1))
+    # With it, the same computation works: the free particle moves at unit speed.
+    q = _traced_runs(**_GOOD)
+    assert q.shape == (2, 5, 2)
+    np.testing.assert_allclose(q[0, -1], [0.2, 0.2], rtol=1e-12)
+    np.testing.assert_allclose(q[1, 2], [0.2, 0.2], rtol=1e-12)
+    assert np.all(np.isinf(np.asarray(q[1, 3:])))  # unused rows
+
+
+@pytest.mark.parametrize(
+    "bad, match",
+    [
+        (dict(dt=jnp.asarray([0.05, -0.1])), "dt must be positive"),
+        (dict(dt=jnp.asarray([0.05, 0.0])), "dt must be positive"),
+        (dict(t1=jnp.asarray([0.2, -1.0])), "t1 must be greater than t0"),
+        (dict(q0=jnp.asarray([[0.0, 0.0], [jnp.nan, 0.0]])), "initial state"),
+        (dict(q0=jnp.asarray([[0.0, jnp.inf], [0.0, 0.0]])), "initial state"),
+    ],
+)
+def test_traced_bad_input_inside_jit(bad, match):
+    with pytest.raises(eqx.EquinoxRuntimeError, match=match):
+        jax.block_until_ready(_traced_runs(**{**_GOOD, **bad}))
+
+
+# --- run-time failures -------------------------------------------------------------
+
+
+class Shrinking(cdiff.AbstractModel):
+    """M = diag(1, 1 - rate t): positive definite only until t = 1 / rate."""
+
+    rate: float = 1.0
+
+    def mass_matrix(self, t, q):
+        d = jnp.stack([jnp.ones_like(t), 1 - self.rate * t])
+        return jnp.diag(d).astype(q.dtype)
+
+
+class Exploding(cdiff.AbstractModel):
+    """A force exp(rate t) that overflows to inf during the run for rate = 1000."""
+
+    rate: float = 1000.0
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.exp(self.rate * t) * jnp.ones_like(q)
+
+
+# Under plain `jax.jit` the same failure surfaces as `jax.errors.JaxRuntimeError`
+# (a RuntimeError) on the first call but as a ValueError once the function has
+# run successfully and JAX dispatches it through its C++ fast path (jax 0.10).
+JIT_RUNTIME_ERRORS = (RuntimeError, ValueError)
+
+
+@jax.jit
+def _shrinking(model):
+    return cdiff.simulate(model, LAGRANGE, jnp.zeros(2), jnp.ones(2), t1=2.0,
+                          dt=0.1).q
+
+
+def test_mass_matrix_loses_definiteness_inside_jit():
+    # Control: while M stays positive definite (t < 1/rate = 4) all is well.
+    q = _shrinking(Shrinking(rate=0.25))
+    assert np.all(np.isfinite(np.asarray(q)))
+    with pytest.raises(JIT_RUNTIME_ERRORS) as info:
+        jax.block_until_ready(_shrinking(Shrinking(rate=1.0)))
+    msg = str(info.value)
+    assert "positive definite" in msg and "Shrinking.mass_matrix" in msg
+
+
+def test_blow_up_raises():
+    with pytest.raises(RuntimeError, match="Nonfinite"):
+        cdiff.simulate(Exploding(), LAGRANGE, jnp.zeros(2), jnp.zeros(2),
+                       t1=2.0, dt=0.1)
+
+
+@jax.jit
+def _exploding_no_throw(model):
+    return cdiff.simulate(model, LAGRANGE, jnp.zeros(2), jnp.zeros(2),
+                          t1=2.0, dt=0.1, throw=False)
+
+
+def test_blow_up_without_throw_reports_result():
+    sol = _exploding_no_throw(Exploding(rate=1000.0))
+    assert sol.result != diffrax.RESULTS.successful
+    assert sol.result == diffrax.RESULTS.nonfinite
+    assert "Nonfinite" in sol.message
+    # Control: a mild force runs to the end and reports success.
+    ok = _exploding_no_throw(Exploding(rate=1.0))
+    assert ok.message == "" and ok.result == diffrax.RESULTS.successful
+    assert np.all(np.isfinite(np.asarray(ok.q)))
+    # x'' = e^t from rest: x(2) = e^2 - 1 - 2 (RK4, dt = 0.1).
+    np.testing.assert_allclose(ok.q[-1], np.full(2, np.exp(2.0) - 3.0), rtol=1e-6)

@@ -1,0 +1,221 @@
+"""Accuracy of the formulations against exact references (Braun-Goldfarb Sec. 4)."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import (
+    Duplicated,
+    Skate,
+    rk4_minimal_slider_crank,
+    slider_crank_run,
+)
+
+import cdiff
+
+UK_CE = cdiff.UdwadiaKalaba(constraint_correction=True, energy_correction=True)
+UK_C = cdiff.UdwadiaKalaba(constraint_correction=True, energy_correction=False)
+
+
+def _slider_error(sol):
+    model = cdiff.models.SliderCrank()
+    ok = np.asarray(jnp.all(jnp.isfinite(sol.q), axis=1))
+    if not ok.all():
+        return np.inf
+    ref = model.reference(sol.ts[1:])
+    err = jnp.abs(model.slider(sol.q[1:]) - model.slider(ref.q))
+    return float(jnp.max(err))
+
+
+def _max(x):
+    return float(jnp.max(jnp.abs(x)))
+
+
+# --- R2, dt = 1e-2: constraint and energy correction (Fig. 3) -------------------
+
+
+def test_slider_crank_constraint_correction_is_steady():
+    sol = slider_crank_run(UK_CE, 1e-2)
+    assert sol.message == ""
+    assert float(sol.dt) == pytest.approx(1e-2)
+    phi = jnp.abs(sol.holonomic_residual)
+    assert _max(phi) <= 1e-6
+    first, last = _max(phi[:1000]), _max(phi[-1000:])
+    assert last <= 2 * first
+    # The energy correction must not disturb the constraint errors (Fig. 3a-b).
+    plain = slider_crank_run(UK_C, 1e-2)
+    assert _max(plain.holonomic_residual) == pytest.approx(_max(phi), rel=0.2)
+
+
+def test_slider_crank_energy_correction_stops_drift():
+    with_e = slider_crank_run(UK_CE, 1e-2)
+    without = slider_crank_run(UK_C, 1e-2)
+    err = jnp.abs(with_e.energy - with_e.energy[0])
+    # No growth: the last 10 s are no worse than twice the first 10 s.
+    assert _max(err[-1000:]) <= 2 * _max(err[:1000])
+    # Without correction the energy drifts; with it, it stays 20x lower.
+    assert _max(without.energy - without.energy[0]) > 20 * _max(err)
+    # The overall (slider) error improves too (Fig. 3d).
+    assert _slider_error(with_e) < 0.1 * _slider_error(without)
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "Issue #2 target max|E - E0| <= 1e-6 at dt = 1e-2 is not reached: measured "
+        "1.17e-6. With the correction frozen per step, the energy error left after "
+        "each step is RK4's local error in the quadratic energy invariant "
+        "(per-step |dE| up to 2.9e-6 without correction at this step size), which "
+        "an explicit per-step correction cannot remove within the step."
+    ),
+)
+def test_slider_crank_energy_error_target():
+    sol = slider_crank_run(UK_CE, 1e-2)
+    assert sol.max_energy_error <= 1e-6
+
+
+# --- R2, dt = 5e-2: the Fig. 2 / Fig. 4d claim ------------------------------------
+
+
+def test_slider_crank_large_step_claim():
+    corrected = _slider_error(slider_crank_run(UK_CE, 5e-2))
+    no_energy = _slider_error(slider_crank_run(UK_C, 5e-2))
+    ts, xs = rk4_minimal_slider_crank(5e-2)
+    model = cdiff.models.SliderCrank()
+    exact = model.slider(model.reference(ts[1:]).q)
+    rk4_minimal = float(jnp.max(jnp.abs(xs[1:] - exact)))
+    # A small Baumgarte sweep, all gains in one vmapped call; the best one counts.
+    q0, v0 = model.initial_state()
+    save = cdiff.SaveAt(ts=jnp.linspace(0.0, 100.0, 2001))
+    ref = model.slider(model.reference(save.subs.ts).q)
+
+    @jax.jit
+    @jax.vmap
+    def baumgarte(alpha, beta):
+        sol = cdiff.simulate(
+            model, cdiff.Lagrange(alpha, beta), q0, v0, t1=100.0, dt=5e-2,
+            saveat=save, throw=False,
+        )
+        err = jnp.max(jnp.abs(model.slider(sol.q) - ref))
+        return jnp.where(jnp.isfinite(err), err, jnp.inf)
+
+    gains = jnp.array([1.0, 2.0, 5.0, 10.0, 20.0])
+    alpha, beta = (g.ravel() for g in jnp.meshgrid(gains, gains))
+    best_lagrange = float(jnp.min(baumgarte(alpha, beta)))
+    print(
+        f"slider error over 100 s at dt=5e-2: constraint+energy {corrected:.3g}, "
+        f"constraint only {no_energy:.3g}, RK4 minimal ODE {rk4_minimal:.3g}, "
+        f"best Baumgarte {best_lagrange:.3g}"
+    )
+    assert corrected < rk4_minimal
+    assert corrected < no_energy
+    assert corrected < best_lagrange
+    assert corrected < 0.1  # the Fig. 2 picture: it tracks the exact solution
+
+
+# --- R4: a thousand seconds through kinematic singularities (Figs. 6-7) ------------
+
+
+@pytest.mark.slow
+def test_double_four_bar_long_run():
+    model = cdiff.models.DoubleFourBar()
+    q0, v0 = model.initial_state()
+    ts = jnp.linspace(0.0, 1000.0, 20001)
+    sol = cdiff.simulate(
+        model, UK_CE, q0, v0, t1=1000.0, dt=1e-2, saveat=cdiff.SaveAt(ts=ts)
+    )
+    assert bool(jnp.all(jnp.isfinite(sol.q)))
+    ref = model.reference(ts[1:])
+    err = jnp.max(jnp.abs(model.observable(sol.q[1:]) - model.observable(ref.q)))
+    # It really crosses the singular (horizontal) configuration, many times.
+    crossings = int(jnp.sum(jnp.diff(jnp.sign(ref.q[:, 5])) != 0))
+    assert crossings > 100
+    assert float(err) < 1e-2
+
+
+# --- R1: Baumgarte stabilisation bounds the drift --------------------------------
+
+
+def test_particle_on_circle_baumgarte():
+    model = cdiff.models.ParticleOnCircle(g=9.81)
+    q0, v0 = model.initial_state()
+
+    def drift(alpha, beta):
+        sol = cdiff.simulate(model, cdiff.Lagrange(alpha, beta), q0, v0, t1=40.0,
+                             dt=2e-2)
+        phi = jnp.abs(sol.holonomic_residual[:, 0])
+        return _max(phi[: phi.shape[0] // 4]), _max(phi[-(phi.shape[0] // 4) :])
+
+    early, late = drift(0.0, 0.0)
+    assert late > 10 * early  # unstabilised: the drift grows
+    early_s, late_s = drift(5.0, 5.0)
+    assert late_s <= 2 * early_s + 1e-12  # stabilised: bounded
+    assert late_s < 1e-2 * late
+
+
+# --- Nonholonomic constraints ---------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "formulation, slip",
+    # Baumgarte holds the slip where its feedback balances RK4's local error;
+    # the frozen Braun-Goldfarb correction removes it at every step, leaving one
+    # step's local error.
+    [(cdiff.Lagrange(alpha=2.0), 1e-9), (UK_C, 1e-10), (UK_CE, 1e-10)],
+    ids=repr,
+)
+def test_skate_matches_exact_solution(formulation, slip):
+    model = Skate()
+    q0, v0 = (jnp.asarray(x[0]) for x in Skate.exact(np.zeros(1)))
+    sol = cdiff.simulate(model, formulation, q0, v0, t1=5.0, dt=1e-2)
+    q_exact, _ = Skate.exact(np.asarray(sol.ts))
+    assert _max(sol.q - q_exact) < 1e-7
+    assert _max(sol.velocity_residual) < slip
+
+
+def test_skate_nonholonomic_drift_is_corrected():
+    """Start off the velocity constraint: the correction removes the slip."""
+    model = Skate()
+    q0 = jnp.zeros(3)
+    v0 = jnp.array([1.0, 0.1, 2.0])  # slipping sideways at 0.1 m/s
+    for formulation in (cdiff.Lagrange(alpha=10.0), UK_C):
+        sol = cdiff.simulate(model, formulation, q0, v0, t1=2.0, dt=1e-2)
+        assert _max(sol.velocity_residual[-1]) < 1e-6
+
+
+# --- Agreement and redundancy -----------------------------------------------------
+
+
+def test_formulations_agree_at_small_step():
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    ref = model.reference(jnp.array([2.0])).q[-1]
+    for f in (cdiff.Lagrange(10.0, 10.0), UK_C, UK_CE):
+        sol = cdiff.simulate(model, f, q0, v0, t1=2.0, dt=1e-3,
+                             saveat=cdiff.SaveAt(t1=True))
+        assert _max(sol.q[-1] - ref) < 1e-7, f
+
+
+@pytest.mark.parametrize("formulation", [cdiff.Lagrange(10.0, 10.0), UK_CE], ids=repr)
+def test_redundant_constraints_change_nothing(formulation):
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    kw = dict(t1=3.0, dt=1e-2, saveat=cdiff.SaveAt(ts=jnp.linspace(0, 3, 31)))
+    plain = cdiff.simulate(model, formulation, q0, v0, **kw)
+    redundant = cdiff.simulate(Duplicated(model), formulation, q0, v0, **kw)
+    assert _max(plain.q - redundant.q) < 1e-9
+
+
+def test_kkt_at_the_singular_configuration_is_finite():
+    """At theta1 = -pi/2 the Jacobian of R2 loses rank; the acceleration is finite."""
+    model = cdiff.models.SliderCrank()
+    th = -jnp.pi / 2
+    q = jnp.array([0.0, -0.5, th, 0.0, -0.5, -th])
+    v = jnp.array([0.5 * 3.0, 0.0, 3.0, 0.5 * 3.0 * 3, 0.0, -3.0])
+    context = cdiff._formulation.base.Context(model, None, model.energy(0.0, q, v))
+    kin = cdiff.kinematics(model, 0.0, q, v)
+    assert np.linalg.matrix_rank(np.asarray(kin.A_q)) == 4
+    for f in (cdiff.Lagrange(5.0, 5.0), UK_CE):
+        frozen = f.freeze(0.0, 1e-2, (q, v), context)
+        _, dv = f.vector_field(0.0, (q, v), context, frozen)
+        assert bool(jnp.all(jnp.isfinite(dv)))

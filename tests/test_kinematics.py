@@ -1,0 +1,291 @@
+"""cdiff.kinematics and energy_law against hand-derived Jacobians and rates.
+
+Convention under test (cdiff._kinematics): A_q = dPhi_q/dq, b_q = -dPhi_q/dt,
+dphi_q = A_q v - b_q, A_v = [A_q; dPhi_v/dv], b_v = [b_qv; b_vv] with
+A_q qdd = b_qv equivalent to Phi_q'' = 0 and A_vv qdd = b_vv to Phi_v' = 0.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cdiff
+from cdiff._kinematics import energy_law, kinematics
+
+ATOL = 1e-12
+
+_kin = jax.jit(kinematics)
+_law = jax.jit(energy_law)
+
+
+def _close(x, ref, atol=ATOL):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(ref, dtype=float),
+                               rtol=1e-12, atol=atol)
+
+
+def _state(rng, n):
+    return jnp.asarray(rng.standard_normal(n)), jnp.asarray(rng.standard_normal(n))
+
+
+# --- the slider-crank (Braun & Goldfarb eq. 22) ------------------------------------
+
+
+def _slider_crank_hand(l, q, v):
+    x1, y1, t1, x2, y2, t2 = np.asarray(q)
+    w1, w2 = float(v[2]), float(v[5])
+    h = l / 2
+    s1, c1, s2, c2 = np.sin(t1), np.cos(t1), np.sin(t2), np.cos(t2)
+    phi = np.array([
+        x1 - h * c1,
+        y1 - h * s1,
+        x1 + h * c1 - x2 + h * c2,
+        y1 + h * s1 - y2 + h * s2,
+        y2 + h * s2,
+    ])
+    A = np.array([
+        [1, 0, h * s1, 0, 0, 0],
+        [0, 1, -h * c1, 0, 0, 0],
+        [1, 0, -h * s1, -1, 0, -h * s2],
+        [0, 1, h * c1, 0, -1, h * c2],
+        [0, 0, 0, 0, 1, h * c2],
+    ], dtype=float)
+    # Phi'' = A qdd + (dA/dt) v, so b = -(dA/dt) v: the centripetal terms.
+    b = np.array([
+        -h * c1 * w1**2,
+        -h * s1 * w1**2,
+        h * c1 * w1**2 + h * c2 * w2**2,
+        h * s1 * w1**2 + h * s2 * w2**2,
+        h * s2 * w2**2,
+    ])
+    return phi, A, b
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_slider_crank_against_hand_derivation(seed):
+    rng = np.random.default_rng(seed)
+    model = cdiff.models.SliderCrank(m=1.3, l=0.7, g=9.81)
+    q, v = _state(rng, 6)  # not on the constraint manifold
+    t = jnp.asarray(0.37)
+    kin = _kin(model, t, q, v)
+    phi, A, b = _slider_crank_hand(0.7, q, v)
+    assert kin.A_q.shape == (5, 6) and kin.A_v.shape == (5, 6)
+    assert kin.b_v.shape == (5,) and kin.phi_v.shape == (0,)
+    _close(kin.phi_q, phi)
+    _close(kin.A_q, A)
+    _close(kin.b_q, np.zeros(5))  # time-independent
+    _close(kin.dphi_q, A @ np.asarray(v))
+    _close(kin.A_v, A)
+    _close(kin.b_v, b)
+    _close(kin.velocity_residual, A @ np.asarray(v))
+
+
+def test_slider_crank_b_v_is_second_derivative_along_a_path():
+    """Independent of the hand algebra: Phi(q(t))'' by finite differences along
+    q(t) = q + v t + a t^2 / 2 equals A a - b."""
+    rng = np.random.default_rng(2)
+    model = cdiff.models.SliderCrank(m=1.3, l=0.7)
+    q, v = (rng.standard_normal(6) for _ in range(2))
+    a = rng.standard_normal(6)
+    kin = _kin(model, jnp.asarray(0.0), jnp.asarray(q), jnp.asarray(v))
+
+    def phi(s):
+        return np.asarray(_slider_crank_hand(0.7, q + v * s + a * s**2 / 2, v)[0])
+
+    h = 1e-4
+    second = (phi(h) - 2 * phi(0.0) + phi(-h)) / h**2
+    np.testing.assert_allclose(np.asarray(kin.A_q) @ a - np.asarray(kin.b_v), second,
+                               atol=1e-6)
+
+
+# --- a time-dependent holonomic constraint -----------------------------------------
+
+
+class Rheonomic(cdiff.AbstractModel):
+    """Phi = [q0 - sin(w t) q1, q1^2 + q0 - t^2]."""
+
+    omega: float = 1.7
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def holonomic(self, t, q):
+        return jnp.stack([q[0] - jnp.sin(self.omega * t) * q[1],
+                          q[1] ** 2 + q[0] - t**2])
+
+
+@pytest.mark.parametrize("t", [0.0, 0.8, -1.3])
+def test_time_dependent_holonomic(t):
+    rng = np.random.default_rng(3)
+    w = 1.7
+    q, v = _state(rng, 2)
+    kin = _kin(Rheonomic(omega=w), jnp.asarray(t), q, v)
+    q0, q1 = np.asarray(q)
+    v0, v1 = np.asarray(v)
+    s, c = np.sin(w * t), np.cos(w * t)
+    A = np.array([[1.0, -s], [1.0, 2 * q1]])
+    dphi_dt = np.array([-w * c * q1, -2 * t])
+    _close(kin.phi_q, [q0 - s * q1, q1**2 + q0 - t**2])
+    _close(kin.A_q, A)
+    _close(kin.b_q, -dphi_dt)
+    _close(kin.dphi_q, A @ np.asarray(v) + dphi_dt)
+    # Phi1'' = a0 - s a1 - 2 w c v1 + w^2 s q1 ; Phi2'' = a0 + 2 q1 a1 + 2 v1^2 - 2
+    _close(kin.b_v, [2 * w * c * v1 - w**2 * s * q1, 2.0 - 2 * v1**2])
+
+
+# --- nonholonomic constraints ------------------------------------------------------
+
+
+class KnifeEdge(cdiff.AbstractModel):
+    """q = [x, y, theta]; no sideways slip: sin(theta) xd - cos(theta) yd = 0."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(3, dtype=q.dtype)
+
+    def nonholonomic(self, t, q, v):
+        return jnp.stack([jnp.sin(q[2]) * v[0] - jnp.cos(q[2]) * v[1]])
+
+
+class SpeedLimit(cdiff.AbstractModel):
+    """Non-Pfaffian: unit planar speed, xd^2 + yd^2 - 1 = 0."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(3, dtype=q.dtype)
+
+    def nonholonomic(self, t, q, v):
+        return jnp.stack([v[0] ** 2 + v[1] ** 2 - 1])
+
+
+class Mixed(cdiff.AbstractModel):
+    """One holonomic and two nonholonomic constraints, one of them time-dependent
+    and non-Pfaffian: Phi_q = x^2 + y^2 - 1 - theta,
+    Phi_v = [sin(theta) xd - cos(theta) yd, xd^2 + x yd - cos(t) theta]."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(3, dtype=q.dtype)
+
+    def holonomic(self, t, q):
+        return jnp.stack([q[0] ** 2 + q[1] ** 2 - 1 - q[2]])
+
+    def nonholonomic(self, t, q, v):
+        return jnp.stack([
+            jnp.sin(q[2]) * v[0] - jnp.cos(q[2]) * v[1],
+            v[0] ** 2 + q[0] * v[1] - jnp.cos(t) * q[2],
+        ])
+
+
+def test_knife_edge():
+    rng = np.random.default_rng(4)
+    q, v = _state(rng, 3)
+    kin = _kin(KnifeEdge(), jnp.asarray(0.5), q, v)
+    th = float(q[2])
+    xd, yd, thd = np.asarray(v)
+    assert kin.A_q.shape == (0, 3) and kin.phi_q.shape == (0,)
+    _close(kin.phi_v, [np.sin(th) * xd - np.cos(th) * yd])
+    _close(kin.A_v, [[np.sin(th), -np.cos(th), 0.0]])
+    # b_vv = -(dPhi_v/dq) v = -(cos(th) xd + sin(th) yd) thd
+    _close(kin.b_v, [-(np.cos(th) * xd + np.sin(th) * yd) * thd])
+    _close(kin.velocity_residual, kin.phi_v)
+
+
+def test_non_pfaffian():
+    rng = np.random.default_rng(5)
+    q, v = _state(rng, 3)
+    kin = _kin(SpeedLimit(), jnp.asarray(0.0), q, v)
+    xd, yd, _ = np.asarray(v)
+    _close(kin.phi_v, [xd**2 + yd**2 - 1])
+    _close(kin.A_v, [[2 * xd, 2 * yd, 0.0]])
+    _close(kin.b_v, [0.0])
+
+
+def test_mixed_holonomic_and_nonholonomic_rows_are_stacked():
+    rng = np.random.default_rng(6)
+    q, v = _state(rng, 3)
+    t = 0.9
+    kin = _kin(Mixed(), jnp.asarray(t), q, v)
+    x, y, th = np.asarray(q)
+    xd, yd, thd = np.asarray(v)
+    A_q = np.array([[2 * x, 2 * y, -1.0]])
+    _close(kin.phi_q, [x**2 + y**2 - 1 - th])
+    _close(kin.A_q, A_q)
+    _close(kin.b_q, [0.0])
+    _close(kin.dphi_q, A_q @ np.asarray(v))
+    _close(kin.phi_v, [np.sin(th) * xd - np.cos(th) * yd,
+                       xd**2 + x * yd - np.cos(t) * th])
+    A_vv = np.array([[np.sin(th), -np.cos(th), 0.0], [2 * xd, x, 0.0]])
+    _close(kin.A_v, np.concatenate([A_q, A_vv]))
+    b = [
+        -(2 * xd**2 + 2 * yd**2),  # Phi_q'' = A_q a + 2 xd^2 + 2 yd^2
+        -(np.cos(th) * xd + np.sin(th) * yd) * thd,
+        # d/dt Phi_v2 = A_vv a + xd yd - cos(t) thd + sin(t) th
+        -(xd * yd - np.cos(t) * thd + np.sin(t) * th),
+    ]
+    _close(kin.b_v, b)
+    _close(kin.velocity_residual, np.concatenate([kin.dphi_q, kin.phi_v]))
+
+
+class Free(cdiff.AbstractModel):
+    """No constraints at all."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(q.shape[0], dtype=q.dtype)
+
+
+def test_no_constraints_shapes():
+    q, v = jnp.arange(4.0), jnp.ones(4)
+    kin = kinematics(Free(), 0.0, q, v)
+    assert kin.phi_q.shape == (0,) and kin.dphi_q.shape == (0,)
+    assert kin.A_q.shape == (0, 4) and kin.b_q.shape == (0,)
+    assert kin.phi_v.shape == (0,)
+    assert kin.A_v.shape == (0, 4) and kin.b_v.shape == (0,)
+    assert kin.velocity_residual.shape == (0,)
+    # Also under jit and vmap.
+    batched = jax.jit(jax.vmap(lambda q: kinematics(Free(), 0.0, q, v)))(
+        jnp.stack([q, q]))
+    assert batched.A_v.shape == (2, 0, 4)
+
+
+# --- the energy law ----------------------------------------------------------------
+
+
+@pytest.mark.parametrize("use_qdot", [False, True])
+def test_energy_law_slider_crank(use_qdot):
+    rng = np.random.default_rng(7)
+    m, l, g = 1.3, 0.7, 9.81
+    model = cdiff.models.SliderCrank(m=m, l=l, g=g)
+    q, v = _state(rng, 6)
+    qdot = jnp.asarray(rng.standard_normal(6)) if use_qdot else None
+    law = _law(model, jnp.asarray(0.2), q, v, qdot)
+    Mdiag = np.array([m, m, m * l**2 / 12, m, m, m * l**2 / 12])
+    vn = np.asarray(v)
+    rate = vn if qdot is None else np.asarray(qdot)
+    potential = m * g * (float(q[1]) + float(q[4]))
+    _close(law.energy, 0.5 * np.sum(Mdiag * vn**2) + potential)
+    _close(law.A_e, Mdiag * vn)
+    # b_e = -dE/dt - (dE/dq) qdot, dE/dq = m g (e_y1 + e_y2)
+    _close(law.b_e, -m * g * (rate[1] + rate[4]))
+
+
+class TimeEnergy(cdiff.AbstractModel):
+    """E = 1/2 |v|^2 + t q0^2 + q1 v0 (explicitly time-dependent)."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def energy(self, t, q, v):
+        return 0.5 * v @ v + t * q[0] ** 2 + q[1] * v[0]
+
+
+def test_energy_law_time_dependent():
+    rng = np.random.default_rng(8)
+    q, v = _state(rng, 2)
+    qdot = jnp.asarray(rng.standard_normal(2))
+    t = 1.4
+    q0, q1 = np.asarray(q)
+    v0, v1 = np.asarray(v)
+    for rate in [None, qdot]:
+        law = _law(TimeEnergy(), jnp.asarray(t), q, v, rate)
+        r0, r1 = np.asarray(v if rate is None else rate)
+        _close(law.energy, 0.5 * (v0**2 + v1**2) + t * q0**2 + q1 * v0)
+        _close(law.A_e, [v0 + q1, v1])
+        _close(law.b_e, -(q0**2) - (2 * t * q0 * r0 + v0 * r1))
