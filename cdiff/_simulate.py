@@ -178,15 +178,10 @@ def simulate(
             "tracing: pass a static `max_steps=` (for a constant step, at least "
             "ceil((t1 - t0) / dt) for the smallest dt)."
         )
-    t0 = jnp.asarray(t0, dtype)
-    t1 = jnp.asarray(t1, dtype)
-    dt = jnp.asarray(dt, dtype)
-    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
-    t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
-    if constant:
-        # diffrax takes its first step of `dt0` and the rest on the uniform grid of
-        # ceil(T/dt) steps; pass the uniform step so that every step is the same.
-        dt = (t1 - t0) / jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
+    if saveat is None:
+        saveat = diffrax.SaveAt(t0=True, steps=True)
+    if adjoint is None:
+        adjoint = diffrax.RecursiveCheckpointAdjoint()
     if isinstance(adjoint, diffrax.ForwardMode) and isinstance(
         solver, diffrax.AbstractRungeKutta
     ):
@@ -195,8 +190,34 @@ def simulate(
         solver = eqx.tree_at(
             lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None
         )
-    if saveat is None:
-        saveat = diffrax.SaveAt(t0=True, steps=True)
+    # Python floats in modules would be static under jit (one compilation per
+    # value); as weakly-typed arrays they are traced, so sweeps reuse compilations.
+    model, formulation, control = _floats_to_arrays((model, formulation, control))
+    times = tuple(jnp.asarray(x, dtype) for x in (t0, t1, dt))
+    return _simulate(
+        model, formulation, control, q0, v0, *times,
+        solver=solver, saveat=saveat, stepsize_controller=stepsize_controller,
+        adjoint=adjoint, max_steps=max_steps, throw=throw, progress=progress,
+    )
+
+
+def _floats_to_arrays(tree):
+    return jax.tree.map(lambda x: jnp.asarray(x) if type(x) is float else x, tree)
+
+
+@eqx.filter_jit
+def _simulate(
+    model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
+    stepsize_controller, adjoint, max_steps, throw, progress,
+):
+    dtype = q0.dtype
+    constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
+    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
+    t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+    if constant:
+        # diffrax takes its first step of `dt0` and the rest on the uniform grid of
+        # ceil(T/dt) steps; pass the uniform step so that every step is the same.
+        dt = (t1 - t0) / jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
     e0 = (
         jnp.asarray(model.energy(t0, q0, v0), dtype)
         if has_energy(model)
@@ -223,7 +244,7 @@ def simulate(
         args=(context, frozen0),
         saveat=saveat,
         stepsize_controller=stepsize_controller,
-        adjoint=diffrax.RecursiveCheckpointAdjoint() if adjoint is None else adjoint,
+        adjoint=adjoint,
         max_steps=max_steps,
         throw=throw,
         progress_meter=(

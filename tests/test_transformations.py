@@ -1,4 +1,10 @@
-"""simulate composes with jit, vmap, grad, jacfwd and their compositions."""
+"""simulate composes with jit, vmap, grad, jacfwd and their compositions.
+
+Compilation dominates the cost of these tests, so every transformed function is
+built once (module level, cached) and shared by the tests that need it.
+"""
+
+import functools
 
 import diffrax
 import equinox as eqx
@@ -11,32 +17,64 @@ import cdiff
 
 UK = cdiff.UdwadiaKalaba(constraint_correction=True, energy_correction=True)
 FORMULATIONS = [cdiff.Lagrange(10.0, 10.0), cdiff.UdwadiaKalaba(), UK]
+T1 = 2.0
 
 
-def _final(model, formulation, dt=1e-2, t1=2.0, q0=None, v0=None, **kw):
-    if q0 is None:
-        q0, v0 = model.initial_state()
+def _model(m=1.0, l=1.0, g=9.81):
+    f64 = functools.partial(jnp.asarray, dtype=jnp.float64)
+    return cdiff.models.SliderCrank(m=f64(m), l=f64(l), g=f64(g))
+
+
+def _final(model, formulation, dt=1e-2, t1=T1, dv=0.0, **kw):
+    q0, v0 = model.initial_state()
+    v0 = v0.at[2].add(dv)  # spin the crank
     sol = cdiff.simulate(
         model, formulation, q0, v0, t1=t1, dt=dt, saveat=cdiff.SaveAt(t1=True), **kw
     )
     return sol.q[-1]
 
 
-def test_vmap_over_step_sizes_matches_separate_calls():
-    model = cdiff.models.SliderCrank()
-    dts = 2.0 / jnp.array([50.0, 64.0, 80.0, 100.0, 125.0, 160.0, 200.0, 250.0])
-    batched = jax.jit(jax.vmap(lambda dt: _final(model, UK, dt=dt, max_steps=250)))(
-        dts
+def _slider(model, dv, formulation, **kw):
+    """The loss of the issue: the slider position at t = 2 s."""
+    return model.slider(_final(model, formulation, dv=dv, **kw))
+
+
+@functools.cache
+def _value(formulation):
+    return eqx.filter_jit(functools.partial(_slider, formulation=formulation))
+
+
+@functools.cache
+def _grad(formulation):
+    """Reverse mode with respect to every model field and the initial velocity."""
+    return jax.jit(
+        jax.grad(functools.partial(_slider, formulation=formulation), argnums=(0, 1))
     )
+
+
+def _central(f, x, h):
+    return (f(x + h) - f(x - h)) / (2 * h)
+
+
+# --- vmap -------------------------------------------------------------------------
+
+
+def test_vmap_over_step_sizes_matches_separate_calls():
+    model = _model()
+    dts = 2.0 / jnp.array([50.0, 64.0, 80.0, 100.0, 125.0, 160.0, 200.0, 250.0])
+    one = jax.jit(lambda dt: _final(model, UK, dt=dt, max_steps=250))
+    batched = jax.vmap(one)(dts)
     for dt, qb in zip(dts, batched):
-        q = _final(model, UK, dt=float(dt))
-        np.testing.assert_allclose(qb, q, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(qb, one(dt), rtol=0, atol=1e-12)
+    # A separate call with a concrete dt (its own max_steps) agrees too.
+    np.testing.assert_allclose(batched[3], _final(model, UK, dt=float(dts[3])),
+                               rtol=0, atol=1e-12)
     # Different step sizes really give different answers.
     assert float(jnp.max(jnp.abs(batched[0] - batched[-1]))) > 1e-8
 
 
 def test_solution_reports_the_step_taken():
-    model = cdiff.models.SliderCrank()
+    model = _model()
     q0, v0 = model.initial_state()
     sol = cdiff.simulate(model, UK, q0, v0, t1=1.0, dt=0.3)
     assert sol.ts.shape == (5,)  # t0 and ceil(1/0.3) = 4 steps
@@ -44,99 +82,91 @@ def test_solution_reports_the_step_taken():
     np.testing.assert_allclose(np.diff(np.asarray(sol.ts)), 0.25)
 
 
-@pytest.mark.parametrize("formulation", FORMULATIONS, ids=repr)
-def test_grad_wrt_link_length_matches_finite_differences(formulation):
-    def slider(l):
-        model = cdiff.models.SliderCrank(l=l)
-        return model.slider(_final(model, formulation))
+def test_vmap_over_gains_and_model_fields():
+    model = _model()
+    alphas = jnp.array([2.0, 5.0, 10.0])
+    run = jax.jit(lambda a: _final(model, cdiff.Lagrange(a, a)))
+    batched = jax.vmap(run)(alphas)
+    for a, qb in zip(alphas, batched):
+        np.testing.assert_allclose(qb, run(a), atol=1e-12)
+    assert float(jnp.max(jnp.abs(batched[0] - batched[2]))) > 1e-10
+    masses = jnp.array([0.5, 1.0, 2.0])
+    by_mass = jax.vmap(lambda m: _final(_model(m=m), UK))(masses)
+    # The slider-crank's motion does not depend on a common mass scale.
+    np.testing.assert_allclose(by_mass[0], by_mass[2], atol=1e-9)
 
-    l0, h = 1.0, 1e-5
-    g = jax.grad(slider)(jnp.asarray(l0))
-    fd = (slider(jnp.asarray(l0 + h)) - slider(jnp.asarray(l0 - h))) / (2 * h)
-    assert bool(jnp.isfinite(g))
-    assert float(jnp.abs(g - fd)) <= 1e-5 * float(jnp.abs(fd))
+
+def test_python_float_sweeps_reuse_the_compilation():
+    """Float fields are traced, not static: a loop over values compiles once."""
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    kw = dict(t1=0.1, dt=1e-2, saveat=cdiff.SaveAt(t1=True))
+    cdiff.simulate(model, cdiff.Lagrange(1.0, 1.0), q0, v0, **kw)
+    with jax.log_compiles():
+        import logging
+
+        records = []
+        handler = logging.Handler()
+        handler.emit = records.append
+        logger = logging.getLogger("jax")
+        logger.addHandler(handler)
+        try:
+            for a in (2.0, 3.0):
+                cdiff.simulate(cdiff.models.SliderCrank(m=1.0 + a), cdiff.Lagrange(a, a),
+                               q0, v0, **kw)
+        finally:
+            logger.removeHandler(handler)
+    assert not [r for r in records if "_simulate" in r.getMessage()]
+
+
+# --- grad -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("formulation", FORMULATIONS, ids=repr)
+def test_grad_matches_finite_differences(formulation):
+    """d(slider at t = 2 s)/d(link length) and /d(initial crank rate), reverse mode,
+    against central differences, to 1e-5 relative."""
+    model = _model()
+    g = _grad(formulation)(model, jnp.asarray(0.0))
+    g_model, g_dv = g
+    value = _value(formulation)
+    fd_l = _central(lambda l: value(_model(l=l), jnp.asarray(0.0)), 1.0, 1e-5)
+    fd_dv = _central(lambda dv: value(model, dv), jnp.asarray(0.0), 1e-6)
+    assert bool(jnp.isfinite(g_model.l)) and bool(jnp.isfinite(g_dv))
+    assert float(jnp.abs(g_model.l - fd_l)) <= 1e-5 * float(jnp.abs(fd_l))
+    assert float(jnp.abs(g_dv - fd_dv)) <= 1e-5 * float(jnp.abs(fd_dv))
+    # Models are pytrees: every field gets a gradient; the motion is mass-free.
+    assert abs(float(g_model.m)) < 1e-8
+    assert bool(jnp.isfinite(g_model.g)) and abs(float(g_model.g)) > 1e-3
 
 
 def test_forward_mode_matches_reverse_mode():
-    def final_q(params):
-        m, l = params
-        model = cdiff.models.SliderCrank(m=m, l=l)
-        return _final(model, UK, adjoint=diffrax.ForwardMode())
+    def final_slider(p):
+        return _slider(_model(l=p[0], g=p[1]), jnp.asarray(0.0), UK,
+                       adjoint=diffrax.ForwardMode())
 
-    def final_q_rev(params):
-        m, l = params
-        model = cdiff.models.SliderCrank(m=m, l=l)
-        return _final(model, UK)
-
-    p = jnp.array([1.3, 0.9])
-    jf = jax.jacfwd(final_q)(p)
-    jr = jax.jacrev(final_q_rev)(p)
-    np.testing.assert_allclose(jf, jr, rtol=1e-8, atol=1e-10)
-
-
-def test_grad_wrt_initial_state():
-    model = cdiff.models.SliderCrank()
-    q0, v0 = model.initial_state()
-
-    def loss(v0):
-        return model.slider(_final(model, UK, q0=q0, v0=v0, t1=1.0))
-
-    d = jnp.zeros(6).at[2].set(1.0)  # spin the crank
-    g = jax.grad(loss)(v0)
-    h = 1e-6
-    fd = (loss(v0 + h * d) - loss(v0 - h * d)) / (2 * h)
-    assert float(jnp.abs(g @ d - fd)) <= 1e-5 * float(jnp.abs(fd))
-
-
-def test_vmap_over_gains_and_model_fields():
-    model = cdiff.models.SliderCrank()
-    alphas = jnp.array([2.0, 5.0, 10.0])
-    batched = jax.vmap(lambda a: _final(model, cdiff.Lagrange(a, a)))(alphas)
-    for a, qb in zip(alphas, batched):
-        np.testing.assert_allclose(qb, _final(model, cdiff.Lagrange(float(a), float(a))),
-                                   atol=1e-12)
-    masses = jnp.array([0.5, 1.0, 2.0])
-    by_mass = jax.vmap(lambda m: _final(cdiff.models.SliderCrank(m=m), UK))(masses)
-    # The slider-crank's motion does not depend on a common mass scale.
-    np.testing.assert_allclose(by_mass[0], by_mass[2], atol=1e-9)
+    jf = jax.jit(jax.jacfwd(final_slider))(jnp.array([1.0, 9.81]))
+    g_model, _ = _grad(UK)(_model(), jnp.asarray(0.0))
+    np.testing.assert_allclose(jf, jnp.stack([g_model.l, g_model.g]), rtol=1e-8)
 
 
 def test_jit_vmap_grad_composition():
     @jax.jit
     @jax.vmap
-    def dslider_dm_dl(l):
-        def f(params):
-            model = cdiff.models.SliderCrank(m=params[0], l=params[1])
-            return model.slider(_final(model, UK, t1=0.5))
-
-        return jax.grad(f)(jnp.stack([jnp.asarray(1.0), l]))
+    def grads(l):
+        g_model, _ = _grad(UK)(_model(l=l), jnp.asarray(0.0))
+        return jnp.stack([g_model.m, g_model.l])
 
     ls = jnp.array([0.8, 1.0, 1.2])
-    grads = dslider_dm_dl(ls)
-    assert grads.shape == (3, 2)
-    assert bool(jnp.all(jnp.isfinite(grads)))
-    np.testing.assert_allclose(grads[:, 0], 0.0, atol=1e-8)  # mass-independent
-    for l, gb in zip(ls, grads):
-        single = jax.grad(
-            lambda l: cdiff.models.SliderCrank(l=l).slider(
-                _final(cdiff.models.SliderCrank(l=l), UK, t1=0.5)
-            )
-        )(l)
-        np.testing.assert_allclose(gb[1], single, rtol=1e-10)
+    batched = grads(ls)
+    assert batched.shape == (3, 2)
+    for l, gb in zip(ls, batched):
+        single, _ = _grad(UK)(_model(l=l), jnp.asarray(0.0))
+        np.testing.assert_allclose(gb, jnp.stack([single.m, single.l]), rtol=1e-8,
+                                   atol=1e-12)  # batched kernels round differently
 
 
-def test_filter_grad_over_a_model():
-    """Models are pytrees: eqx.filter_grad gives a gradient per field."""
-    model = cdiff.models.SliderCrank(m=jnp.asarray(1.0), l=jnp.asarray(1.0),
-                                     g=jnp.asarray(9.81))
-
-    @eqx.filter_grad
-    def grads(model):
-        return model.slider(_final(model, UK, t1=0.5))
-
-    g = grads(model)
-    assert bool(jnp.isfinite(g.l)) and bool(jnp.isfinite(g.g))
-    assert abs(float(g.m)) < 1e-8
+# --- float32 ----------------------------------------------------------------------
 
 
 def test_float32_runs():

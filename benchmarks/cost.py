@@ -1,0 +1,108 @@
+"""Cost of the formulations on the slider-crank (R2), side by side in one run.
+
+Braun & Goldfarb (Fig. 4e) claim that the energy correction "makes the integration
+only slightly more expensive". This script measures it: R2, RK4, dt = 1e-2, 100 s,
+float64, for one trajectory and for a vmapped batch, compile time reported apart.
+
+    python benchmarks/cost.py [--batch 64] [--repeats 3] [--record]
+
+`--record` appends the table to benchmarks/RESULTS.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import platform
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+jax.config.update("jax_enable_x64", True)
+
+import cdiff  # noqa: E402
+
+FORMULATIONS = {
+    "Lagrange(alpha=10, beta=10)": cdiff.Lagrange(10.0, 10.0),
+    "UdwadiaKalaba (constraint)": cdiff.UdwadiaKalaba(),
+    "UdwadiaKalaba (constraint + energy)": cdiff.UdwadiaKalaba(energy_correction=True),
+}
+
+
+def _runner(formulation, batch, t1, dt):
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    save = cdiff.SaveAt(t1=True)
+
+    def one(dq):
+        sol = cdiff.simulate(model, formulation, q0 + dq, v0, t1=t1, dt=dt, saveat=save)
+        return sol.q[-1]
+
+    if batch == 1:
+        return jax.jit(lambda: one(jnp.zeros(6))), ()
+    # Tiny perturbations of the initial angle: a batch of distinct trajectories.
+    dq = jnp.zeros((batch, 6)).at[:, 2].set(jnp.linspace(0.0, 1e-6, batch))
+    return jax.jit(jax.vmap(one)), (dq,)
+
+
+def measure(formulation, batch, t1, dt, repeats):
+    fn, args = _runner(formulation, batch, t1, dt)
+    t = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    compile_and_first = time.perf_counter() - t
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - t)
+    steps = batch * round(t1 / dt)
+    return compile_and_first - best, best, steps / best
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=64)
+    parser.add_argument("--t1", type=float, default=100.0)
+    parser.add_argument("--dt", type=float, default=1e-2)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args(argv)
+    rows = []
+    for name, formulation in FORMULATIONS.items():
+        for batch in (1, args.batch):
+            compile_s, run_s, sps = measure(formulation, batch, args.t1, args.dt,
+                                            args.repeats)
+            rows.append((name, batch, compile_s, run_s, sps))
+            print(f"{name:38s} batch {batch:5d}: compile {compile_s:6.2f} s, "
+                  f"run {run_s:7.3f} s, {sps:12,.0f} steps/s", flush=True)
+    base = {b: r for n, b, _, r, _ in rows if n == "UdwadiaKalaba (constraint)"}
+    lines = [
+        "| formulation | batch | compile [s] | run [s] | steps/s | time / UK (constraint) |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, batch, c, r, sps in rows:
+        lines.append(f"| {name} | {batch} | {c:.2f} | {r:.3f} | {sps:,.0f} | "
+                     f"{r / base[batch]:.2f} |")
+    table = "\n".join(lines)
+    print(table)
+    if args.record:
+        device = jax.devices()[0]
+        header = (
+            f"\n## cost.py — {datetime.date.today()} — {platform.node() or 'host'}\n\n"
+            f"Device: {device.platform} ({device.device_kind}), "
+            f"{jax.device_count()} device(s), jax {jax.__version__}, "
+            f"{platform.processor() or platform.machine()}.\n"
+            f"Command: `python benchmarks/cost.py --batch {args.batch} "
+            f"--t1 {args.t1:g} --dt {args.dt:g} --repeats {args.repeats} --record`\n"
+            f"R2 slider-crank, RK4, float64; steps/s counts all trajectories.\n\n"
+        )
+        path = Path(__file__).with_name("RESULTS.md")
+        with path.open("a") as f:
+            f.write(header + table + "\n")
+        print(f"appended to {path}")
+
+
+if __name__ == "__main__":
+    main()

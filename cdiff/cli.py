@@ -1,0 +1,311 @@
+"""The `cdiff` command line: list the reference models, run one, write figure and data.
+
+```
+cdiff list
+cdiff run slider-crank [--formulation udwadia-kalaba|lagrange] [--dt DT] [--t1 T] ...
+```
+
+`cdiff run` simulates a reference model from its paper's initial state, compares it
+with the model's exact reference solution, prints a table of errors and timings and
+writes `DIR/MODEL.png` and `DIR/MODEL.npz`. User errors (unknown names, bad numbers)
+print `cdiff: error: ...` and exit with status 2; a solve that stops early (for
+example on a non-finite state) still writes what it has and exits with status 1.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import inspect
+import json
+import math
+import sys
+import time
+from pathlib import Path
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import cdiff
+from cdiff.models import MODELS
+
+#: Command-line names of the formulations.
+FORMULATIONS = {
+    "udwadia-kalaba": cdiff.UdwadiaKalaba,
+    "lagrange": cdiff.Lagrange,
+}
+
+
+def _summary(obj) -> str:
+    """The first paragraph of `obj`'s docstring, on one line."""
+    doc = inspect.getdoc(obj) or ""
+    return " ".join(doc.split("\n\n")[0].split())
+
+
+def _number(*, positive: bool):
+    """An argparse `type`: a finite float, > 0 if `positive` else >= 0."""
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+        if not math.isfinite(x) or x < 0 or (positive and x == 0):
+            need = "a positive" if positive else "a non-negative"
+            raise argparse.ArgumentTypeError(
+                f"must be {need} finite number, got {text}"
+            )
+        return x
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cdiff",
+        description="Simulate constrained mechanical systems (reference models).",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub.add_parser("list", help="list the reference models and the formulations")
+    run = sub.add_parser(
+        "run",
+        help="simulate a reference model and compare it with its exact solution",
+        description=(
+            "Simulate MODEL from its paper's initial state, print errors against the "
+            "exact reference and timings, and write DIR/MODEL.png and DIR/MODEL.npz."
+        ),
+    )
+    run.set_defaults(parser=run)
+    run.add_argument("model", choices=list(MODELS), metavar="MODEL",
+                     help="one of: " + ", ".join(MODELS))
+    run.add_argument("--formulation", choices=list(FORMULATIONS),
+                     default="udwadia-kalaba",
+                     help="default: udwadia-kalaba (with constraint correction)")
+    run.add_argument("--energy-correction", action="store_true",
+                     help="udwadia-kalaba: add Braun-Goldfarb's energy correction")
+    run.add_argument("--no-constraint-correction", action="store_true",
+                     help="udwadia-kalaba: the plain equation, without the Delta terms")
+    run.add_argument("--alpha", type=_number(positive=False), metavar="A",
+                     help="lagrange: Baumgarte velocity gain (1/s), default 0")
+    run.add_argument("--beta", type=_number(positive=False), metavar="B",
+                     help="lagrange: Baumgarte position gain (1/s), default A")
+    run.add_argument("--dt", type=_number(positive=True), metavar="DT",
+                     help="step size (s), default: the model's")
+    run.add_argument("--t1", type=_number(positive=True), metavar="T",
+                     help="final time (s), default: the model's")
+    run.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
+                     help="output folder (default: ./out)")
+    run.add_argument("--float32", action="store_true",
+                     help="simulate in float32 (the reference stays in float64)")
+    run.add_argument("--no-progress", action="store_true",
+                     help="no progress bar (shown by default when stderr is a terminal)")
+    return parser
+
+
+def _formulation(args, parser):
+    """The formulation the options ask for; `parser.error` on options that do not
+    belong to it."""
+    if args.formulation == "lagrange":
+        if args.energy_correction or args.no_constraint_correction:
+            parser.error(
+                "--energy-correction and --no-constraint-correction apply to "
+                "--formulation udwadia-kalaba only"
+            )
+        alpha = 0.0 if args.alpha is None else args.alpha
+        beta = alpha if args.beta is None else args.beta
+        return cdiff.Lagrange(alpha=alpha, beta=beta)
+    if args.alpha is not None or args.beta is not None:
+        parser.error(
+            "--alpha and --beta are Baumgarte gains of --formulation lagrange; "
+            f"{args.formulation} takes --energy-correction and "
+            "--no-constraint-correction instead"
+        )
+    return cdiff.UdwadiaKalaba(
+        constraint_correction=not args.no_constraint_correction,
+        energy_correction=args.energy_correction,
+    )
+
+
+def _list() -> int:
+    print("models:")
+    for name, cls in MODELS.items():
+        print(f"  {name:<20} {_summary(cls)}")
+        print(f"  {'':<20} default --t1 {cls.default_t1:g} --dt {cls.default_dt:g}")
+    print("formulations:")
+    for name, cls in FORMULATIONS.items():
+        print(f"  {name:<20} {_summary(cls)}")
+    return 0
+
+
+def _run(args, parser) -> int:
+    """`cdiff run`: simulate, compare with the reference, report, write files."""
+    model = MODELS[args.model]()
+    formulation = _formulation(args, parser)
+    has_energy = type(model).energy is not cdiff.AbstractModel.energy
+    if args.energy_correction and not has_energy:
+        parser.error(f"{args.model} defines no energy: --energy-correction needs one")
+    t1 = model.default_t1 if args.t1 is None else args.t1
+    dt = model.default_dt if args.dt is None else args.dt
+    dtype = jnp.float32 if args.float32 else jnp.float64
+    q0, v0 = (jnp.asarray(x, dtype) for x in model.initial_state())
+    progress = not args.no_progress and sys.stderr.isatty()
+
+    # Compile ahead of time, so that compilation and run are timed separately.
+    simulate = eqx.filter_jit(
+        functools.partial(cdiff.simulate, t1=t1, dt=dt, progress=progress, throw=False)
+    )
+    start = time.perf_counter()
+    compiled = simulate.lower(model, formulation, q0, v0).compile()
+    compiled_at = time.perf_counter()
+    sol = jax.block_until_ready(compiled(model, formulation, q0, v0))
+    run_time = time.perf_counter() - compiled_at
+    compile_time = compiled_at - start
+
+    # Compare with the exact reference on the saved rows (a failed solve leaves
+    # trailing inf rows).
+    steps = int(sol.stats["num_steps"])
+    valid = np.isfinite(np.asarray(sol.ts))
+    ts = np.asarray(sol.ts)[valid]
+    ref = model.reference(ts)
+    obs = np.asarray(model.observable(sol.q[valid]), np.float64)
+    ref_obs = np.asarray(model.observable(ref.q), np.float64)
+    obs_error = np.max(np.abs(obs - ref_obs), axis=-1)
+    names = tuple(getattr(model, "observable_names", ())) or tuple(
+        f"observable {i}" for i in range(obs.shape[-1])
+    )
+
+    dt_taken = float(sol.dt)
+    asked = "" if math.isclose(dt_taken, dt, rel_tol=1e-6) else f" (asked {dt:g})"
+    energy = (
+        f"{float(sol.max_energy_error):.3e}  (|E - E0|, J)"
+        if has_energy
+        else "n/a (the model defines no energy)"
+    )
+    rows = [
+        ("model", args.model),
+        ("formulation", f"{args.formulation}: {formulation}"),
+        ("precision", np.dtype(dtype).name),
+        ("t1", f"{t1:g} s"),
+        ("dt", f"{dt_taken:.6g} s{asked}"),
+        ("steps", f"{steps}"),
+        ("max constraint error", f"{float(sol.max_constraint_error):.3e}  (|Phi_q|)"),
+        ("max energy error", energy),
+        ("max observable error", f"{np.nanmax(obs_error):.3e}  ({', '.join(names)})"),
+        (
+            "wall time",
+            f"{compile_time + run_time:.2f} s "
+            f"(compile {compile_time:.2f} s, run {run_time:.2f} s)",
+        ),
+        ("steps/s", f"{steps / run_time:,.0f}  (run only)"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+
+    settings = {
+        "model": args.model,
+        "formulation": args.formulation,
+        "formulation_repr": repr(formulation),
+        "alpha": getattr(formulation, "alpha", None),
+        "beta": getattr(formulation, "beta", None),
+        "constraint_correction": getattr(formulation, "constraint_correction", None),
+        "energy_correction": getattr(formulation, "energy_correction", None),
+        "t1": t1,
+        "dt_requested": dt,
+        "dt": dt_taken,
+        "dtype": np.dtype(dtype).name,
+        "steps": steps,
+        "compile_time_s": compile_time,
+        "run_time_s": run_time,
+        "result": sol.message,
+        "observable_names": list(names),
+        "cdiff_version": cdiff.__version__,
+    }
+    data = {
+        "ts": ts,
+        "q": np.asarray(sol.q)[valid],
+        "v": np.asarray(sol.v)[valid],
+        "holonomic_residual": np.asarray(sol.holonomic_residual)[valid],
+        "velocity_residual": np.asarray(sol.velocity_residual)[valid],
+        "reference_q": np.asarray(ref.q),
+        "reference_v": np.asarray(ref.v),
+        "observable": obs,
+        "reference_observable": ref_obs,
+        "observable_error": obs_error,
+        "settings": np.asarray(json.dumps(settings)),
+    }
+    if sol.energy is not None:
+        data["energy"] = np.asarray(sol.energy)[valid]
+
+    args.out.mkdir(parents=True, exist_ok=True)
+    npz_path = args.out / f"{args.model}.npz"
+    png_path = args.out / f"{args.model}.png"
+    np.savez(npz_path, **data)
+    with np.errstate(all="ignore"):  # log axes of a diverged run overflow
+        _plot(png_path, data, names, f"{args.model}, {formulation}, dt={dt_taken:g}")
+    print(f"wrote {png_path}")
+    print(f"wrote {npz_path}")
+    if sol.message:
+        print(f"cdiff: warning: the solve stopped early at t = {ts[-1]:g}: "
+              f"{sol.message}", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:
+    """Observable with reference, constraint residuals, energy error and observable
+    error against time, stacked, in one PNG (Agg canvas; pyplot is not touched)."""
+    from matplotlib.figure import Figure
+
+    ts = data["ts"]
+    panels = 4 if "energy" in data else 3
+    fig = Figure(figsize=(8, 2.3 * panels), layout="constrained")
+    axes = fig.subplots(panels, 1, sharex=True)
+    fig.suptitle(title, fontsize=9)
+    ax = axes[0]
+    for i, name in enumerate(names):
+        ax.plot(ts, data["observable"][:, i], label=name)
+        ax.plot(ts, data["reference_observable"][:, i], "k--", lw=0.8,
+                label=f"{name}, reference")
+    ax.legend(fontsize=8)
+    ax = axes[1]
+    for key, label in [("holonomic_residual", r"$\max_i |\Phi_q|$"),
+                       ("velocity_residual", r"$\max_i |[\dot\Phi_q; \Phi_v]|$")]:
+        if data[key].shape[-1]:
+            ax.semilogy(ts, np.max(np.abs(data[key]), axis=-1), label=label)
+    ax.set_ylabel("constraint residual")
+    ax.legend(fontsize=8)
+    if "energy" in data:
+        axes[2].semilogy(ts, np.abs(data["energy"] - data["energy"][0]))
+        axes[2].set_ylabel(r"$|E - E_0|$ (J)")
+    axes[-1].semilogy(ts, data["observable_error"])
+    axes[-1].set_ylabel("observable error")
+    axes[-1].set_xlabel("t (s)")
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the `cdiff` command line with `argv` (default `sys.argv[1:]`).
+
+    **Returns:** the exit status: 0 on success, 1 if the solve stopped early.
+
+    **Raises:** `SystemExit(2)` on user errors (unknown names, bad numbers, options
+    that do not go together), after printing `cdiff: error: ...` to stderr.
+    """
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.command == "list":
+        return _list()
+    # The references are float64; --float32 only casts the simulated state.
+    jax.config.update("jax_enable_x64", True)
+    try:
+        return _run(args, args.parser)
+    except ValueError as e:
+        print(f"cdiff: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None
+
+
+if __name__ == "__main__":
+    sys.exit(main())
