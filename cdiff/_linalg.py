@@ -18,8 +18,16 @@ $f(\sigma) = 1 - (\epsilon / (\sigma^2 + \epsilon))^2$. So
 
 * singular values well above $\sqrt\epsilon$ are inverted exactly (relative
   error $(\epsilon/\sigma^2)^2$),
-* singular values well below $\sqrt\epsilon$ are treated as zero (the direction is
-  dropped, as with a rank-revealing cut-off),
+* singular values well below $\sqrt\epsilon$ are suppressed: the gain
+  $f(\sigma)/\sigma \approx 2\sigma/\epsilon$ vanishes with $\sigma$, as a
+  rank-revealing cut-off would drop the direction. It is not exactly zero: a
+  direction whose singular value is zero only up to round-off
+  ($\sigma \approx \varepsilon_{mach}\|C\|$, e.g. a duplicated constraint row)
+  passes a fraction $2\varepsilon_{mach}/\text{rtol}^2 \approx 1\%$ of the part
+  of $r$ that is inconsistent with it, so for rank-deficient $C$ and $r \notin
+  \operatorname{range}(C)$ the result differs from the exact least-squares
+  solution at the 1e-3 level (for consistent $r$, as from redundant but
+  compatible constraints, it agrees to round-off),
 * and the transition is smooth, so the result and its derivatives stay finite and
   continuous when the rank changes: redundant constraints, kinematic
   singularities, a vanishing energy row at rest.

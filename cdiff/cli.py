@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cdiff
+from cdiff._model import has_energy as model_has_energy
 from cdiff.models import MODELS
 
 #: Command-line names of the formulations.
@@ -143,7 +144,7 @@ def _run(args, parser) -> int:
     """`cdiff run`: simulate, compare with the reference, report, write files."""
     model = MODELS[args.model]()
     formulation = _formulation(args, parser)
-    has_energy = type(model).energy is not cdiff.AbstractModel.energy
+    has_energy = model_has_energy(model)
     if args.energy_correction and not has_energy:
         parser.error(f"{args.model} defines no energy: --energy-correction needs one")
     t1 = model.default_t1 if args.t1 is None else args.t1
