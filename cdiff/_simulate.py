@@ -178,6 +178,13 @@ def simulate(
             "tracing: pass a static `max_steps=` (for a constant step, at least "
             "ceil((t1 - t0) / dt) for the smallest dt)."
         )
+    if control is not None and getattr(formulation, "energy_correction", False):
+        raise ValueError(
+            "cdiff.simulate: UdwadiaKalaba(energy_correction=True) enforces "
+            "E = E(t0) (a conservative system, eq. 18 with zero energy input) and "
+            "would cancel the work of `control`; use energy_correction=False with a "
+            "controller."
+        )
     if saveat is None:
         saveat = diffrax.SaveAt(t0=True, steps=True)
     if adjoint is None:

@@ -307,3 +307,11 @@ def test_blow_up_without_throw_reports_result():
     assert np.all(np.isfinite(np.asarray(ok.q)))
     # x'' = e^t from rest: x(2) = e^2 - 1 - 2 (RK4, dt = 0.1).
     np.testing.assert_allclose(ok.q[-1], np.full(2, np.exp(2.0) - 3.0), rtol=1e-6)
+
+
+def test_energy_correction_refuses_a_controller():
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    with pytest.raises(ValueError, match="energy_correction"):
+        cdiff.simulate(model, cdiff.UdwadiaKalaba(energy_correction=True), q0, v0,
+                       t1=0.1, dt=1e-2, control=lambda t, q, v: jnp.zeros(6))

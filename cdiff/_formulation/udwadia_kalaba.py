@@ -70,10 +70,14 @@ class UdwadiaKalaba(AbstractFormulation):
 
     - `constraint_correction`: use the $\Delta$ terms and the velocity correction of
       eq. 16 (otherwise $\dot q = v$ and eq. 13 with $\Delta = 0$: the plain
-      Udwadia-Kalaba equation, which drifts).
+      Udwadia-Kalaba equation, which drifts, and, like [`cdiff.Lagrange`][] without
+      stabilisation, can be thrown off at a kinematic singularity once the drift
+      has grown).
     - `energy_correction`: add the nonideal energy-correction force of eq. 20
       (needs `model.energy`). The model is assumed conservative under the applied
-      forces: $E_0$ is the energy of the initial state.
+      forces: $E_0$ is the energy of the initial state, and the energy input rate
+      $\dot E$ of eq. 18 is taken as zero. Do not combine it with a controller or
+      with dissipative forces: it would remove the energy they change.
     - `energy_damping`: extra absolute damping of the energy row (J), default 0.
     - `rtol`: relative singular-value threshold of the pseudoinverse.
 
