@@ -12,9 +12,6 @@ Baumgarte at the best gains of a small vmapped sweep, and RK4 on the minimal ODE
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
-from pathlib import Path
 
 import diffrax
 import jax
@@ -23,6 +20,7 @@ import jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 
 import cdiff  # noqa: E402
+from _record import record  # noqa: E402
 
 GAINS = jnp.array([1.0, 2.0, 5.0, 10.0, 20.0])
 
@@ -108,18 +106,9 @@ def main(argv=None):
             lines.append(line)
     table = "\n".join(lines)
     if args.record:
-        device = jax.devices()[0]
-        header = (
-            f"\n## accuracy.py — {datetime.date.today()} — {platform.node() or 'host'}"
-            f"\n\nDevice: {device.platform} ({device.device_kind}), jax "
-            f"{jax.__version__}. Command: `python benchmarks/accuracy.py --record`. "
-            "RK4, float64; errors against the exact minimal-coordinate references "
-            "(observable: slider x_s for R2, joint (x3, y3) for R4), maxima over the "
-            "run at the saved times.\n\n"
-        )
-        with Path(__file__).with_name("RESULTS.md").open("a") as f:
-            f.write(header + table + "\n")
-
+        record("accuracy.py", "RK4, float64; errors against the exact "
+               "minimal-coordinate references (observable: slider x_s for R2, joint "
+               "(x3, y3) for R4), maxima over the run at the saved times.", table)
 
 if __name__ == "__main__":
     main()

@@ -12,10 +12,7 @@ float64, for one trajectory and for a vmapped batch, compile time reported apart
 from __future__ import annotations
 
 import argparse
-import datetime
-import platform
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -23,6 +20,7 @@ import jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 
 import cdiff  # noqa: E402
+from _record import record  # noqa: E402
 
 FORMULATIONS = {
     "Lagrange(alpha=10, beta=10)": cdiff.Lagrange(10.0, 10.0),
@@ -88,21 +86,8 @@ def main(argv=None):
     table = "\n".join(lines)
     print(table)
     if args.record:
-        device = jax.devices()[0]
-        header = (
-            f"\n## cost.py — {datetime.date.today()} — {platform.node() or 'host'}\n\n"
-            f"Device: {device.platform} ({device.device_kind}), "
-            f"{jax.device_count()} device(s), jax {jax.__version__}, "
-            f"{platform.processor() or platform.machine()}.\n"
-            f"Command: `python benchmarks/cost.py --batch {args.batch} "
-            f"--t1 {args.t1:g} --dt {args.dt:g} --repeats {args.repeats} --record`\n"
-            f"R2 slider-crank, RK4, float64; steps/s counts all trajectories.\n\n"
-        )
-        path = Path(__file__).with_name("RESULTS.md")
-        with path.open("a") as f:
-            f.write(header + table + "\n")
-        print(f"appended to {path}")
-
+        record("cost.py", "R2 slider-crank, RK4, float64; steps/s counts all "
+               "trajectories; compile time apart.", table)
 
 if __name__ == "__main__":
     main()
