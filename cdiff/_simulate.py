@@ -33,6 +33,14 @@ class Solution(eqx.Module):
     - `holonomic_residual`: $\Phi_q(t, q)$, shape `(T, m)`.
     - `velocity_residual`: $[\dot\Phi_q; \Phi_v]$, shape `(T, m + p)`.
     - `energy`: $E(t, q, v)$, shape `(T,)`, or `None` if the model defines no energy.
+    - `constraint_force`: the generalized constraint force $Q_c$ the formulation
+      applies, shape `(T, nq)`, with $M\ddot q = Q + Eu + Q_c$: the multiplier force
+      $A_v^T\lambda$ for [`cdiff.Lagrange`][], the ideal force term of eq. 11 for
+      [`cdiff.UdwadiaKalaba`][] (the nonideal energy-correction force is not
+      included), eq. 32 for [`cdiff.Projection`][].
+    - `multipliers`: $\lambda$ with $Q_c = A_v^T\lambda$, shape `(T, m + p)`. It is
+      unique only when $A_v$ has full row rank (Aghili, Remark 4); at a singular or
+      redundant configuration it is the minimum-norm choice.
     - `result`: diffrax's result code (`diffrax.RESULTS`); `result.error_message`... see
       [`cdiff.Solution.message`][].
     - `dt`: the step size actually taken by a constant-step solve,
@@ -47,6 +55,8 @@ class Solution(eqx.Module):
     holonomic_residual: Float[Array, "T m"]
     velocity_residual: Float[Array, "T k"]
     energy: Float[Array, " T"] | None
+    constraint_force: Float[Array, "T nq"]
+    multipliers: Float[Array, "T k"]
     result: diffrax.RESULTS
     dt: Float[Array, ""]
     stats: dict[str, Any]
@@ -260,25 +270,34 @@ def _simulate(
     )
     q, v = sol.ys
     ts = sol.ts
-    hol, vel, energy = diagnostics(model, ts, q, v)
+    hol, vel, energy, force, lam = diagnostics(formulation, context, dt, ts, q, v)
     dt_taken = dt if constant else jnp.asarray(jnp.nan, dtype)
-    return Solution(ts, q, v, hol, vel, energy, sol.result, dt_taken, sol.stats)
+    return Solution(
+        ts, q, v, hol, vel, energy, force, lam, sol.result, dt_taken, sol.stats
+    )
 
 
-def diagnostics(model: AbstractModel, ts, q, v):
-    """Constraint residuals and energy along saved states (inf rows stay inf)."""
+def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, q, v):
+    """Constraint residuals, energy, constraint force and multipliers along saved
+    states (the formulation's per-step data taken with step `dt` from each state);
+    rows of unused saves (inf) stay inf."""
+    model = context.model
     valid = jnp.isfinite(ts)
     safe = lambda x: jnp.where(valid[:, None], x, 0.0)  # noqa: E731
 
     def one(t, q, v):
         kin = kinematics(model, t, q, v)
         e = model.energy(t, q, v) if has_energy(model) else None
-        return kin.phi_q, kin.velocity_residual, e
+        frozen = formulation.freeze(t, t + dt, (q, v), context)
+        dyn = formulation.dynamics(t, (q, v), context, frozen)
+        return kin.phi_q, kin.velocity_residual, e, dyn.force, dyn.multipliers
 
-    hol, vel, energy = jax.vmap(one)(jnp.where(valid, ts, 0.0), safe(q), safe(v))
+    out = jax.vmap(one)(jnp.where(valid, ts, 0.0), safe(q), safe(v))
     inf = jnp.asarray(jnp.inf, q.dtype)
-    hol = jnp.where(valid[:, None], hol, inf)
-    vel = jnp.where(valid[:, None], vel, inf)
-    if energy is not None:
-        energy = jnp.where(valid, energy, inf)
-    return hol, vel, energy
+
+    def mask(x):
+        if x is None:
+            return None
+        return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, inf)
+
+    return tuple(mask(x) for x in out)

@@ -22,18 +22,41 @@ class Context(eqx.Module):
     e0: Float[Array, ""]
 
 
+class Dynamics(eqx.Module):
+    r"""What a formulation computes at one state.
+
+    - `rate`: the time derivative of the state `y = (q, v)`.
+    - `force`: the (ideal) generalized constraint force $Q_c$, shape `(nq,)`, in
+      cdiff's sign convention $M\ddot q = Q + Eu + Q_c$.
+    - `multipliers`: $\lambda$ with $Q_c = A_v^T\lambda$, one per row of
+      $A_v = [A_q; \partial\Phi_v/\partial v]$. Unique only when $A_v$ has full row
+      rank (Aghili, Remark 4); otherwise the minimum-norm choice.
+    """
+
+    rate: PyTree
+    force: Float[Array, " nq"]
+    multipliers: Float[Array, " k"]
+
+
 class AbstractFormulation(eqx.Module):
     r"""Turns a model into a first-order vector field that diffrax can integrate.
 
-    The state is `y = (q, v)`. A formulation may also need quantities *frozen* at
-    the start of each step (Braun-Goldfarb's $\Delta = \Phi/dt$ terms): it returns
-    them from `freeze`, and cdiff's solver wrapper computes them once per step and
-    passes them to every Runge-Kutta stage.
+    The state is `y = (q, v)`. A formulation implements `dynamics`, which returns
+    the state's rate together with the constraint force and multipliers (under
+    `jit`, computing only the rate costs nothing more). It may also need
+    quantities *frozen* at the start of each step (Braun-Goldfarb's
+    $\Delta = \Phi/dt$ terms): it returns them from `freeze`, and cdiff's solver
+    wrapper computes them once per step and passes them to every Runge-Kutta
+    stage.
     """
 
     @abc.abstractmethod
+    def dynamics(self, t, y, context: Context, frozen: PyTree) -> Dynamics:
+        """Rate, constraint force and multipliers at `(t, y)`."""
+
     def vector_field(self, t, y, context: Context, frozen: PyTree) -> PyTree:
         """The time derivative of the state `y = (q, v)`."""
+        return self.dynamics(t, y, context, frozen).rate
 
     def freeze(self, t0, t1, y0, context: Context) -> PyTree:
         """Per-step quantities evaluated at the start `(t0, y0)` of a step to `t1`."""
@@ -64,14 +87,16 @@ def mass_factor(model: AbstractModel, t, q) -> MassFactor:
 
 
 def constrained_acceleration(
-    mf: MassFactor, a, A_v, r_v, rtol=None
-) -> tuple[Float[Array, " nq"], PseudoInverse]:
+    mf: MassFactor, A_v, r_v, rtol=None
+) -> tuple[Float[Array, " nq"], Float[Array, " k"], PseudoInverse]:
     r"""The mass-weighted minimum-norm correction $R^{-1}C^+ r$ of the unconstrained
-    acceleration `a`, with $C = A_v R^{-1}$ (Braun-Goldfarb eq. 13; for full-rank
+    acceleration, with $C = A_v R^{-1}$ (Braun-Goldfarb eq. 13; for full-rank
     $A_v$ the same as the Schur-complement solution of the KKT system).
 
-    **Returns:** the weighted correction $y = C^+ r$ (so that
-    $\dot v = a + R^{-1}y$) and the factorised pseudoinverse, reused by callers.
+    **Returns:** the weighted correction $y = C^+ r = C^T\lambda$ (so that
+    $\dot v = a + R^{-1}y$ and the constraint force is $R^Ty = A_v^T\lambda$), the
+    multipliers $\lambda$, and the factorised pseudoinverse, reused by callers.
     """
     pinv = PseudoInverse(mf.weight(A_v), rtol)
-    return pinv.solve(r_v), pinv
+    lam = pinv.multipliers(r_v)
+    return pinv.C.T @ lam, lam, pinv

@@ -9,6 +9,7 @@ from .._kinematics import kinematics
 from .base import (
     AbstractFormulation,
     Context,
+    Dynamics,
     applied_forces,
     constrained_acceleration,
     mass_factor,
@@ -66,7 +67,7 @@ class Lagrange(AbstractFormulation):
     beta: float | jnp.ndarray = 0.0
     rtol: float | None = eqx.field(static=True, default=None)
 
-    def vector_field(self, t, y, context: Context, frozen):
+    def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen
         q, v = y
         model = context.model
@@ -78,5 +79,6 @@ class Lagrange(AbstractFormulation):
              self.alpha * kin.phi_v]
         )
         r_v = kin.b_v - kin.A_v @ a - baumgarte
-        y_v, _ = constrained_acceleration(mf, a, kin.A_v, r_v, self.rtol)
-        return v, a + mf.unweight(y_v)
+        y_v, lam, _ = constrained_acceleration(mf, kin.A_v, r_v, self.rtol)
+        force = mf.times_R_transpose(y_v)  # = A_v^T lambda
+        return Dynamics((v, a + mf.unweight(y_v)), force, lam)

@@ -11,6 +11,7 @@ from .._linalg import PseudoInverse, default_rtol
 from .base import (
     AbstractFormulation,
     Context,
+    Dynamics,
     applied_forces,
     constrained_acceleration,
     mass_factor,
@@ -114,7 +115,7 @@ class UdwadiaKalaba(AbstractFormulation):
             damping_e=jax.lax.stop_gradient(damping_e),
         )
 
-    def vector_field(self, t, y, context: Context, frozen: _Deltas):
+    def dynamics(self, t, y, context: Context, frozen: _Deltas) -> Dynamics:
         q, v = y
         model = context.model
         mf = mass_factor(model, t, q)
@@ -129,7 +130,11 @@ class UdwadiaKalaba(AbstractFormulation):
             dq = v
         # Eq. 17: ideal constraint force.
         r_v = kin.b_v - kin.A_v @ a - frozen.delta_v
-        y_v, pinv_v = constrained_acceleration(mf, a, kin.A_v, r_v, self.rtol)
+        y_v, multipliers, pinv_v = constrained_acceleration(
+            mf, kin.A_v, r_v, self.rtol
+        )
+        # The ideal constraint force R^T C_v^+ (...) of eq. 11.
+        force = mf.times_R_transpose(y_v)
         # Eq. 20: nonideal energy-correction force, tangent to the constraints.
         if self.energy_correction:
             law = energy_law(model, t, q, v, qdot=dq)
@@ -138,4 +143,4 @@ class UdwadiaKalaba(AbstractFormulation):
             r_ev = law.b_e - law.A_e @ a - frozen.delta_e - c_e @ y_v
             y_e = PseudoInverse(w[None], damping=frozen.damping_e).solve(r_ev[None])
             y_v = y_v + y_e
-        return dq, a + mf.unweight(y_v)
+        return Dynamics((dq, a + mf.unweight(y_v)), force, multipliers)
