@@ -8,6 +8,7 @@ from . import models as models
 from ._formulation.base import AbstractFormulation as AbstractFormulation
 from ._formulation.base import Dynamics as Dynamics
 from ._formulation.lagrange import Lagrange as Lagrange
+from ._formulation.nullspace import NullSpace as NullSpace
 from ._formulation.projection import Projection as Projection
 from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
 from ._kinematics import Kinematics as Kinematics, kinematics as kinematics

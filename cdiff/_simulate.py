@@ -41,6 +41,8 @@ class Solution(eqx.Module):
     - `multipliers`: $\lambda$ with $Q_c = A_v^T\lambda$, shape `(T, m + p)`. It is
       unique only when $A_v$ has full row rank (Aghili, Remark 4); at a singular or
       redundant configuration it is the minimum-norm choice.
+    - `state`: the formulation's own state at the saved times (`(q, v)` for most;
+      `(q, nu, R)` for [`cdiff.NullSpace`][]).
     - `result`: diffrax's result code (`diffrax.RESULTS`); `result.error_message`... see
       [`cdiff.Solution.message`][].
     - `dt`: the step size actually taken by a constant-step solve,
@@ -57,6 +59,7 @@ class Solution(eqx.Module):
     energy: Float[Array, " T"] | None
     constraint_force: Float[Array, "T nq"]
     multipliers: Float[Array, "T k"]
+    state: Any
     result: diffrax.RESULTS
     dt: Float[Array, ""]
     stats: dict[str, Any]
@@ -210,6 +213,7 @@ def simulate(
     # Python floats in modules would be static under jit (one compilation per
     # value); as weakly-typed arrays they are traced, so sweeps reuse compilations.
     model, formulation, control = _floats_to_arrays((model, formulation, control))
+    formulation = formulation.bind(model, t0, q0, v0)
     times = tuple(jnp.asarray(x, dtype) for x in (t0, t1, dt))
     return _simulate(
         model, formulation, control, q0, v0, *times,
@@ -240,8 +244,9 @@ def _simulate(
         if has_energy(model)
         else jnp.asarray(jnp.nan, dtype)
     )
-    context = Context(model, control, e0)
-    y0 = (q0, v0)
+    aux = formulation.prepare(model, t0, q0, v0)
+    context = Context(model, control, e0, aux)
+    y0 = formulation.init_state(t0, q0, v0, context)
     # A zero placeholder for the per-step data (see FrozenStep).
     frozen0 = jax.tree.map(
         jnp.zeros_like, formulation.freeze(t0, t0 + dt, y0, context)
@@ -268,36 +273,40 @@ def _simulate(
             diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
         ),
     )
-    q, v = sol.ys
     ts = sol.ts
-    hol, vel, energy, force, lam = diagnostics(formulation, context, dt, ts, q, v)
+    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, dt, ts,
+                                                     sol.ys)
     dt_taken = dt if constant else jnp.asarray(jnp.nan, dtype)
     return Solution(
-        ts, q, v, hol, vel, energy, force, lam, sol.result, dt_taken, sol.stats
+        ts, q, v, hol, vel, energy, force, lam, sol.ys, sol.result, dt_taken,
+        sol.stats,
     )
 
 
-def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, q, v):
-    """Constraint residuals, energy, constraint force and multipliers along saved
-    states (the formulation's per-step data taken with step `dt` from each state);
-    rows of unused saves (inf) stay inf."""
+def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
+    """Constraint residuals, energy, constraint force, multipliers and `(q, v)`
+    along saved states (the formulation's per-step data taken with step `dt` from
+    each state); rows of unused saves (inf) stay inf."""
     model = context.model
     valid = jnp.isfinite(ts)
-    safe = lambda x: jnp.where(valid[:, None], x, 0.0)  # noqa: E731
 
-    def one(t, q, v):
+    def one(t, y):
+        q, v = formulation.coordinates(t, y, context)
         kin = kinematics(model, t, q, v)
         e = model.energy(t, q, v) if has_energy(model) else None
-        frozen = formulation.freeze(t, t + dt, (q, v), context)
-        dyn = formulation.dynamics(t, (q, v), context, frozen)
-        return kin.phi_q, kin.velocity_residual, e, dyn.force, dyn.multipliers
+        frozen = formulation.freeze(t, t + dt, y, context)
+        dyn = formulation.dynamics(t, y, context, frozen)
+        return kin.phi_q, kin.velocity_residual, e, dyn.force, dyn.multipliers, q, v
 
-    out = jax.vmap(one)(jnp.where(valid, ts, 0.0), safe(q), safe(v))
-    inf = jnp.asarray(jnp.inf, q.dtype)
+    safe_ys = jax.tree.map(
+        lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
+    )
+    out = jax.vmap(one)(jnp.where(valid, ts, 0.0), safe_ys)
 
     def mask(x):
         if x is None:
             return None
+        inf = jnp.asarray(jnp.inf, x.dtype)
         return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, inf)
 
     return tuple(mask(x) for x in out)

@@ -14,12 +14,14 @@ from .._model import AbstractModel
 
 
 class Context(eqx.Module):
-    """What stays fixed during one solve: the model, the controller, and `e0`, the
-    energy at the initial state (NaN when the model defines no energy)."""
+    """What stays fixed during one solve: the model, the controller, `e0` (the
+    energy at the initial state, NaN when the model defines no energy) and `aux`,
+    whatever the formulation's `prepare` computed from the initial state."""
 
     model: AbstractModel
     control: Any
     e0: Float[Array, ""]
+    aux: Any = None
 
 
 class Dynamics(eqx.Module):
@@ -62,6 +64,35 @@ class AbstractFormulation(eqx.Module):
         """Per-step quantities evaluated at the start `(t0, y0)` of a step to `t1`."""
         del t0, t1, y0, context
         return None
+
+    def bind(self, model: AbstractModel, t0, q0, v0) -> "AbstractFormulation":
+        """Settle static choices from the initial state, before tracing (called by
+        `simulate` outside `jit`, where `q0` may be concrete). Default: `self`."""
+        del model, t0, q0, v0
+        return self
+
+    # A formulation whose state is not (q, v) overrides the three methods below.
+
+    def prepare(self, model: AbstractModel, t0, q0, v0) -> PyTree:
+        """Constants of a solve computed once from the initial state (`context.aux`)."""
+        del model, t0, q0, v0
+        return None
+
+    def init_state(self, t0, q0, v0, context: Context) -> PyTree:
+        """The initial state `y0` from the user's `(q0, v0)`. Default `(q0, v0)`."""
+        del t0, context
+        return q0, v0
+
+    def coordinates(self, t, y, context: Context):
+        """`(q, v)` from a state `y`. Default: `y` itself."""
+        del t, context
+        return y
+
+    def end_step(self, t, y, context: Context) -> PyTree:
+        """Map the state at the end of every step (e.g. re-orthonormalise a carried
+        basis) without changing `(q, v)`. Default: `y`."""
+        del t, context
+        return y
 
 
 def applied_forces(context: Context, t, q, v) -> Float[Array, " nq"]:

@@ -14,6 +14,12 @@ def _all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
+def _overrides(formulation, method: str) -> bool:
+    return getattr(type(formulation), method) is not getattr(
+        AbstractFormulation, method
+    )
+
+
 class FrozenStep(diffrax.AbstractWrappedSolver):
     """Wraps a diffrax solver so that every step of `formulation` sees the
     quantities `formulation.freeze(t0, t1, y0, context)` computed once at the step
@@ -26,7 +32,8 @@ class FrozenStep(diffrax.AbstractWrappedSolver):
     `formulation.freeze(...)` before calling the inner solver. Because the vector field changes from one step
     to the next, a first-same-as-last stage cached by the inner solver would be
     stale, so the inner solver is always told `made_jump=True` when there is
-    frozen data. A non-finite state ends the solve with `RESULTS.nonfinite`.
+    frozen data or the formulation maps the state after each step (`end_step`).
+    A non-finite state ends the solve with `RESULTS.nonfinite`.
     """
 
     solver: diffrax.AbstractSolver
@@ -68,11 +75,12 @@ class FrozenStep(diffrax.AbstractWrappedSolver):
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         inner_args = self._args(t0, t1, y0, args)
-        if inner_args[1] is not None:
+        if inner_args[1] is not None or _overrides(self.formulation, "end_step"):
             made_jump = True
         y1, y_error, dense_info, solver_state, result = self.solver.step(
             terms, t0, t1, y0, inner_args, solver_state, made_jump
         )
+        y1 = self.formulation.end_step(t1, y1, inner_args[0])
         result = diffrax.RESULTS.where(
             _all_finite(y1), result, diffrax.RESULTS.nonfinite
         )

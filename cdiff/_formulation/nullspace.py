@@ -1,0 +1,201 @@
+"""Yun & Sarkar's null-space state-space formulation."""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._kinematics import kinematics
+from .._linalg import PseudoInverse, default_rtol
+from .._model import AbstractModel
+from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
+from .projection import projector
+
+
+class NullSpace(AbstractFormulation):
+    r"""Yun & Sarkar's unified state space for holonomic and nonholonomic constraints.
+
+    Holonomic constraints are replaced by $J\dot q + \alpha C = 0$ (eq. 17), so that
+    together with Pfaffian nonholonomic constraints $B\dot q = b$ every constraint
+    is a velocity constraint $A\dot q = a$ (eq. 20). With $S(q)$ a basis of the
+    null space of $A$ and $\eta = A^+a$ (eq. 32), every admissible velocity is
+    $\dot q = S\nu + \eta$ (eq. 24), and the state $x = (q, \nu)$ obeys the
+    control-affine state equation (eq. 28)
+
+    $$\dot q = S\nu + \eta, \qquad
+      \dot\nu = (S^TMS)^{-1}S^T(Q - M\gamma) + (S^TMS)^{-1}S^TE\,u,
+      \qquad \gamma = \dot S\nu + \dot\eta,$$
+
+    exposed as `f(x)` and `g(x)` ([`cdiff.NullSpace.f`][], [`cdiff.NullSpace.g`][])
+    for controller design. ($Q$ carries $-V - G$ of the paper.)
+
+    **The basis $S$.** The paper takes the first columns of $U$ in the SVD of
+    $H = I - A^+A$ (eqs. 33-35) at every step and warns that the choice can jump.
+    cdiff takes that SVD basis once, at the initial configuration, and then
+    *transports* it: the state is $(q, \nu, R)$ with $R$ an orthonormal basis
+    carried along; within a step $S(q) = P(q)R$ with $P = I - A^+A$ (a smooth
+    function of $q$), and after each step $R \leftarrow P(q)R\,L^{-T}$,
+    $\nu \leftarrow L^T\nu$ with $LL^T = (P R)^T(P R)$ (the same velocity in the
+    re-orthonormalised basis). The basis turns with the null space, never jumps,
+    and $\nu$ is continuous along the trajectory. `Solution.state` holds
+    $(q, \nu, R)$.
+
+    **$\gamma$ without numerical differentiation.** $\gamma = \dot S\nu + \dot\eta$
+    is the exact time derivative of $S(q)\nu + \eta(t, q)$ at fixed $\nu$, by
+    forward-mode autodiff, valid for any basis. The paper instead uses
+    $A^+(\dot a - \dot A\dot q)$ (eqs. 37-39), which is only the row-space part
+    of $\gamma$: it drops $N\dot S\nu$, which is zero for cdiff's transported
+    basis where $R$ lies in the null space ($P\dot PP = 0$) but not for a basis
+    that turns within the null space, such as a fresh SVD basis at every step.
+
+    **Initial state.** $\nu_0$ is the least-squares solution of
+    $\dot q_0 = S\nu_0 + \eta$ (eq. 36), so any $\dot q_0$ is accepted; the
+    velocity actually simulated is $S\nu_0 + \eta$ (the admissible part).
+
+    **Arguments:**
+
+    - `alpha`: the holonomic gain of eq. 17 (1/s): holonomic errors decay as
+      $e^{-\alpha t}$ (eq. 18). May be traced (vmap).
+    - `dof`: the number of degrees of freedom $n - \operatorname{rank}A$ (the
+      dimension of $\nu$). Static. Inferred from the initial configuration when it
+      is concrete; pass it when `q0` is traced (under `jax.vmap`/`jit`).
+    - `rtol`: relative singular-value threshold of the pseudoinverse of $A$.
+
+    !!! warning
+
+        Nonholonomic constraints must be Pfaffian (affine in $\dot q$); the rank
+        of $A$ must stay constant (no kinematic singularities).
+
+    ??? cite "References"
+
+        X. Yun, N. Sarkar, *Unified formulation of robotic systems with holonomic
+        and nonholonomic constraints*, IEEE Trans. Robotics and Automation 14
+        (1998), eqs. 17-39.
+    """
+
+    alpha: float | jax.Array = 0.0
+    dof: int | None = eqx.field(static=True, default=None)
+    rtol: float | None = eqx.field(static=True, default=None)
+
+    # --- the velocity constraint A qdot = a (eq. 20) ------------------------------
+
+    def _constraint(self, model: AbstractModel, t, q):
+        """`A(t, q)` and `a(t, q)` of eq. 20."""
+        zero = jnp.zeros_like(q)
+        kin = kinematics(model, t, q, zero)
+        # Holonomic rows: J qdot = b_q - alpha C (eq. 17, with -dC/dt for
+        # time-dependent constraints). Nonholonomic rows (Pfaffian): B qdot = -Phi_v(0).
+        a = jnp.concatenate([kin.b_q - self.alpha * kin.phi_q, -kin.phi_v])
+        return kin.A_v, a
+
+    def _basis(self, model, t, q, R):
+        A, a = self._constraint(model, t, q)
+        pinv = PseudoInverse(A, self.rtol)
+        S = jax.vmap(pinv.null_project, in_axes=1, out_axes=1)(R)
+        return S, pinv.solve(a), pinv
+
+    def _admissible(self, model, t, q, nu, R):
+        S, eta, _ = self._basis(model, t, q, R)
+        return S @ nu + eta
+
+    # --- state --------------------------------------------------------------------
+
+    def bind(self, model, t0, q0, v0):
+        if self.dof is not None:
+            return self
+        A, _ = self._constraint(model, jnp.asarray(t0, q0.dtype), q0)
+        if isinstance(A, jax.core.Tracer):
+            raise ValueError(
+                "NullSpace: the initial configuration is traced (inside jax.jit, "
+                "jax.vmap or jax.grad), so the number of degrees of freedom cannot be "
+                "read from it: pass NullSpace(dof=n - rank(A))."
+            )
+        sv = np.linalg.svd(np.asarray(A), compute_uv=False)
+        rtol = default_rtol(A.dtype) if self.rtol is None else self.rtol
+        rank = int(np.sum(sv > rtol * sv.max(initial=0.0)))
+        return NullSpace(self.alpha, dof=q0.shape[0] - rank, rtol=self.rtol)
+
+    def init_state(self, t0, q0, v0, context: Context):
+        n = q0.shape[0]
+        if self.dof is None or not 0 < self.dof <= n:
+            raise ValueError(f"NullSpace: dof must be in 1..{n}, got {self.dof}")
+        model = context.model
+        # Eqs. 33-35: the first dof left singular vectors of H = I - A^+ A. Only the
+        # basis depends on this choice, not the motion: no gradient through the SVD.
+        A, _ = self._constraint(model, t0, q0)
+        U, _, _ = jnp.linalg.svd(projector(PseudoInverse(A, self.rtol)))
+        R = jax.lax.stop_gradient(U[:, : self.dof])
+        S, eta, _ = self._basis(model, t0, q0, R)
+        nu0, *_ = jnp.linalg.lstsq(S, v0 - eta)  # eq. 36
+        return q0, nu0, R
+
+    def coordinates(self, t, y, context: Context):
+        q, nu, R = y
+        return q, self._admissible(context.model, t, q, nu, R)
+
+    def end_step(self, t, y, context: Context):
+        """Re-orthonormalise the transported basis; the velocity is unchanged."""
+        q, nu, R = y
+        S, _, _ = self._basis(context.model, t, q, R)
+        L = jnp.linalg.cholesky(S.T @ S)
+        R = jax.scipy.linalg.solve_triangular(L, S.T, lower=True).T  # S L^{-T}
+        return q, L.T @ nu, R
+
+    # --- dynamics (eq. 28) ----------------------------------------------------------
+
+    def _terms(self, t, q, nu, R, context: Context):
+        model = context.model
+        S, eta, pinv = self._basis(model, t, q, R)
+        qdot = S @ nu + eta
+        t = jnp.asarray(t, q.dtype)
+        # gamma = d/dt (S(q) nu + eta(t, q)) at fixed nu: forward-mode autodiff.
+        _, gamma = jax.jvp(
+            lambda t, q: self._admissible(model, t, q, nu, R),
+            (t, q),
+            (jnp.ones_like(t), qdot),
+        )
+        M = model.mass_matrix(t, q)
+        mass_factor(model, t, q)  # positive-definiteness check
+        SMS = S.T @ M @ S
+        chol = jnp.linalg.cholesky(SMS)
+        chol = eqx.error_if(
+            chol,
+            ~jnp.all(jnp.isfinite(chol)),
+            "cdiff.NullSpace: S^T M S is not positive definite: the transported "
+            "null-space basis P(q) R lost rank within a step (the rank of the "
+            "constraint Jacobian changed, or the step is too large).",
+        )
+        return S, qdot, gamma, M, chol, pinv
+
+    def f(self, t, x, context: Context):
+        """The drift $f(x)$ of $\\dot x = f(x) + g(x)u$ (eq. 28), without control."""
+        q, nu, R = x
+        S, qdot, gamma, M, chol, _ = self._terms(t, q, nu, R, context)
+        Q = context.model.forces(t, q, qdot)
+        nudot = jax.scipy.linalg.cho_solve((chol, True), S.T @ (Q - M @ gamma))
+        return qdot, nudot, jnp.zeros_like(R)
+
+    def g(self, t, x, context: Context):
+        """The input matrix $g(x)$ of eq. 28, as `(zeros (nq, nu), (S^TMS)^{-1}S^TE,
+        zeros)` matching `x = (q, nu, R)`."""
+        q, nu, R = x
+        S, _, _, _, chol, _ = self._terms(t, q, nu, R, context)
+        E = context.model.input_matrix(t, q)
+        return (
+            jnp.zeros((q.shape[0], E.shape[1]), q.dtype),
+            jax.scipy.linalg.cho_solve((chol, True), S.T @ E),
+            jnp.zeros(R.shape + (E.shape[1],), q.dtype),
+        )
+
+    def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
+        del frozen
+        q, nu, R = y
+        S, qdot, gamma, M, chol, pinv = self._terms(t, q, nu, R, context)
+        F = applied_forces(context, t, q, qdot)
+        nudot = jax.scipy.linalg.cho_solve((chol, True), S.T @ (F - M @ gamma))
+        force = M @ (S @ nudot + gamma) - F  # in the row space of A
+        rate = (qdot, nudot, jnp.zeros_like(R))
+        return Dynamics(rate, force, pinv.multipliers(pinv.C @ force))

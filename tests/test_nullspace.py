@@ -1,0 +1,161 @@
+"""Yun-Sarkar's null-space formulation: exact solutions, agreement, the state-space
+pair f, g, the continuity of nu, and the paper's eqs. 36 and 39."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Duplicated, Skate
+
+import cdiff
+from cdiff._formulation.base import Context
+
+
+@functools.cache
+def _slider_crank(formulation, t1=10.0, dt=1e-3, redundant=False):
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    ts = jnp.linspace(0.0, t1, int(round(t1 / 0.05)) + 1)
+    return cdiff.simulate(Duplicated(model) if redundant else model, formulation,
+                          q0, v0, t1=t1, dt=dt, saveat=cdiff.SaveAt(ts=ts))
+
+
+def test_slider_crank_agrees_with_the_other_formulations():
+    """Issue #3: over 10 s at dt = 1e-3 (twenty singular passages) theta1 agrees
+    with UdwadiaKalaba, Lagrange and the exact solution to 1e-6."""
+    ns = _slider_crank(cdiff.NullSpace(alpha=10.0))
+    model = cdiff.models.SliderCrank()
+    exact = model.reference(ns.ts[1:]).q[:, 2]
+    assert float(jnp.max(jnp.abs(ns.q[1:, 2] - exact))) < 1e-6
+    for other in (cdiff.UdwadiaKalaba(), cdiff.Lagrange(10.0, 10.0)):
+        sol = _slider_crank(other)
+        assert float(jnp.max(jnp.abs(ns.q[:, 2] - sol.q[:, 2]))) < 1e-6
+    assert float(ns.max_constraint_error) < 1e-9
+
+
+def test_redundant_constraints_change_nothing():
+    """Duplicated rows: the same trajectory, on a horizon of constant rank (the
+    formulation's premise: the first singular passage is at t = 0.5 s)."""
+    f = cdiff.NullSpace(alpha=10.0)
+    plain = _slider_crank(f, t1=0.4)
+    redundant = _slider_crank(f, t1=0.4, redundant=True)
+    assert float(jnp.max(jnp.abs(plain.q - redundant.q))) < 1e-9
+
+
+def test_skate_exact_solution_and_nu_continuity():
+    model = Skate()
+    q0, v0 = (jnp.asarray(x[0]) for x in Skate.exact(np.zeros(1)))
+    sol = cdiff.simulate(model, cdiff.NullSpace(), q0, v0, t1=5.0, dt=1e-2)
+    q_exact, v_exact = Skate.exact(np.asarray(sol.ts))
+    assert float(jnp.max(jnp.abs(sol.q - q_exact))) < 1e-7
+    assert float(jnp.max(jnp.abs(sol.v - v_exact))) < 1e-7
+    assert float(jnp.max(jnp.abs(sol.velocity_residual))) < 1e-12
+    # The null space turns a full circle (the blade rotates 10 rad): nu stays
+    # continuous, changing by O(dt) per step (an SVD basis would jump).
+    _, nu, R = sol.state
+    assert float(jnp.max(jnp.abs(jnp.diff(nu, axis=0)))) < 5 * 1e-2 * 2.0
+    np.testing.assert_allclose(jnp.einsum("tij,tik->tjk", R, R),
+                               jnp.broadcast_to(jnp.eye(2), (R.shape[0], 2, 2)),
+                               atol=1e-12)
+
+
+def test_initial_velocity_by_least_squares():
+    """Eq. 36: an inadmissible qdot0 is replaced by its least-squares admissible
+    part S nu0 + eta."""
+    model = cdiff.models.SliderCrank()
+    q0, _ = model.initial_state()
+    v0 = jnp.array([0.3, 0.1, -0.2, 0.5, 0.2, 0.4])  # violates A v = 0
+    sol = cdiff.simulate(model, cdiff.NullSpace(), q0, v0, t1=0.01, dt=0.01)
+    A = jax.jacfwd(model.holonomic, 1)(0.0, q0)
+    N = jnp.eye(6) - jnp.linalg.pinv(A) @ A
+    np.testing.assert_allclose(sol.v[0], N @ v0, atol=1e-10)
+
+
+def _context(model, formulation, q0, v0):
+    formulation = formulation.bind(model, 0.0, q0, v0)
+    context = Context(model, None, jnp.asarray(jnp.nan))
+    return formulation, context, formulation.init_state(0.0, q0, v0, context)
+
+
+def test_state_space_pair_f_g():
+    """Eq. 28: x' = f(x) + g(x) u equals the simulated dynamics with control u."""
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    v0 = v0.at[2].set(1.0)
+    f, context, x = _context(model, cdiff.NullSpace(alpha=3.0), q0, v0)
+    u = jnp.array([0.1, -0.2, 0.3, 0.0, 0.5, -0.1])
+    with_u = Context(model, lambda t, q, v: u, context.e0)
+    rate = f.dynamics(0.0, x, with_u, None).rate
+    drift, gain = f.f(0.0, x, context), f.g(0.0, x, context)
+    for r, d, g in zip(rate, drift, gain):
+        np.testing.assert_allclose(r, d + g @ u, atol=1e-12)
+    # The acceleration is the one of the other formulations.
+    v = f.coordinates(0.0, x, context)[1]
+    acc = cdiff.Lagrange().dynamics(0.0, (q0, v), with_u, None).rate[1]
+    S = x[2]  # at the initial state P R = R
+    qdd = S @ rate[1] + jax.jvp(lambda q: f._admissible(model, 0.0, q, x[1], x[2]),
+                                (q0,), (v,))[1]
+    np.testing.assert_allclose(qdd, acc, atol=1e-10)
+
+
+def test_gamma_is_eq_39_for_the_transported_basis():
+    """gamma = S' nu + eta' (by autodiff) equals the paper's A^+(a' - A' qdot)
+    (eqs. 37-39) where the transported basis R lies in the null space: for
+    S = P(q) R the null-space part of S' nu is P P' P R nu = 0."""
+    model = Skate()
+    q0 = jnp.array([0.0, 0.0, 0.4])
+    v0 = jnp.array([np.cos(0.4), np.sin(0.4), 2.0])
+    f, context, x = _context(model, cdiff.NullSpace(), q0, v0)
+    x = f.end_step(0.0, x, context)
+    q, nu, R = x
+    _, qdot, gamma, _, _, pinv = f._terms(0.0, q, nu, R, context)
+
+    def A_of(q):
+        return f._constraint(model, 0.0, q)[0]
+
+    A = A_of(q)
+    adot_minus_Adot_qdot = -jax.jvp(A_of, (q,), (qdot,))[1] @ qdot  # a = 0 here
+    eq39 = jnp.linalg.pinv(A) @ adot_minus_Adot_qdot
+    row = jnp.linalg.pinv(A) @ (A @ gamma)
+    np.testing.assert_allclose(row, eq39, atol=1e-12)
+    np.testing.assert_allclose(gamma, eq39, atol=1e-12)
+    assert float(jnp.linalg.norm(eq39)) > 1e-2  # not trivially zero
+
+
+def test_holonomic_errors_decay_as_exp_minus_alpha_t():
+    """Eq. 18: C(t) = C0 exp(-alpha t) along the solution."""
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    q0 = q0.at[0].add(1e-3)  # violates the first constraint
+    alpha = 4.0
+    ts = jnp.linspace(0.0, 0.3, 7)
+    sol = cdiff.simulate(model, cdiff.NullSpace(alpha=alpha), q0, v0, t1=0.3,
+                         dt=1e-3, saveat=cdiff.SaveAt(ts=ts))
+    phi0 = sol.holonomic_residual[0]
+    expected = phi0[None, :] * jnp.exp(-alpha * ts)[:, None]
+    np.testing.assert_allclose(sol.holonomic_residual, expected, atol=1e-9)
+
+
+def test_grad_and_vmap():
+    def slider(l):
+        model = cdiff.models.SliderCrank(l=l)
+        q0, v0 = model.initial_state()
+        sol = cdiff.simulate(model, cdiff.NullSpace(alpha=5.0, dof=1), q0, v0,
+                             t1=0.4, dt=1e-2, saveat=cdiff.SaveAt(t1=True))
+        return model.slider(sol.q[-1])
+
+    ls = jnp.array([0.9, 1.1])
+    g = jax.jit(jax.vmap(jax.grad(slider)))(ls)
+    h = 1e-5
+    fd = (jax.vmap(slider)(ls + h) - jax.vmap(slider)(ls - h)) / (2 * h)
+    np.testing.assert_allclose(g, fd, rtol=1e-5)
+
+
+def test_traced_initial_state_needs_dof():
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    with pytest.raises(ValueError, match="dof"):
+        jax.vmap(lambda q: cdiff.simulate(model, cdiff.NullSpace(), q, v0, t1=0.1,
+                                          dt=1e-2).q)(q0[None])
