@@ -36,6 +36,8 @@ from cdiff.models import MODELS
 FORMULATIONS = {
     "udwadia-kalaba": cdiff.UdwadiaKalaba,
     "lagrange": cdiff.Lagrange,
+    "projection": cdiff.Projection,
+    "null-space": cdiff.NullSpace,
 }
 
 
@@ -89,7 +91,11 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--no-constraint-correction", action="store_true",
                      help="udwadia-kalaba: the plain equation, without the Delta terms")
     run.add_argument("--alpha", type=_number(positive=False), metavar="A",
-                     help="lagrange: Baumgarte velocity gain (1/s), default 0")
+                     help="lagrange: Baumgarte velocity gain (1/s), default 0; "
+                     "null-space: holonomic gain of Yun-Sarkar eq. 17, default 0")
+    run.add_argument("--inertia", choices=["Mc", "Mc_sym", "Mc_gamma"],
+                     help="projection: Aghili's constraint inertia matrix "
+                     "(eq. 23, 28 or 29), default Mc")
     run.add_argument("--beta", type=_number(positive=False), metavar="B",
                      help="lagrange: Baumgarte position gain (1/s), default A")
     run.add_argument("--dt", type=_number(positive=True), metavar="DT",
@@ -117,12 +123,26 @@ def _formulation(args, parser):
         alpha = 0.0 if args.alpha is None else args.alpha
         beta = alpha if args.beta is None else args.beta
         return cdiff.Lagrange(alpha=alpha, beta=beta)
-    if args.alpha is not None or args.beta is not None:
+    uk_only = args.energy_correction or args.no_constraint_correction
+    if args.formulation != "udwadia-kalaba" and uk_only:
         parser.error(
-            "--alpha and --beta are Baumgarte gains of --formulation lagrange; "
-            f"{args.formulation} takes --energy-correction and "
-            "--no-constraint-correction instead"
+            "--energy-correction and --no-constraint-correction apply to "
+            "--formulation udwadia-kalaba only"
         )
+    if args.inertia is not None and args.formulation != "projection":
+        parser.error("--inertia applies to --formulation projection only")
+    if args.beta is not None or (
+        args.alpha is not None and args.formulation != "null-space"
+    ):
+        parser.error(
+            "--alpha and --beta are Baumgarte gains of --formulation lagrange "
+            "(--alpha alone also for null-space); "
+            f"{args.formulation} does not take them"
+        )
+    if args.formulation == "projection":
+        return cdiff.Projection(inertia=args.inertia or "Mc")
+    if args.formulation == "null-space":
+        return cdiff.NullSpace(alpha=0.0 if args.alpha is None else args.alpha)
     return cdiff.UdwadiaKalaba(
         constraint_correction=not args.no_constraint_correction,
         energy_correction=args.energy_correction,
@@ -153,7 +173,9 @@ def _run(args, parser) -> int:
     q0, v0 = (jnp.asarray(x, dtype) for x in model.initial_state())
     progress = not args.no_progress and sys.stderr.isatty()
 
-    # Compile ahead of time, so that compilation and run are timed separately.
+    # Settle static choices (NullSpace's dof) from the concrete initial state, then
+    # compile ahead of time, so that compilation and run are timed separately.
+    formulation = formulation.bind(model, 0.0, q0, v0)
     simulate = eqx.filter_jit(
         functools.partial(cdiff.simulate, t1=t1, dt=dt, progress=progress, throw=False)
     )

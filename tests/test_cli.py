@@ -131,6 +131,9 @@ def test_unknown_formulation(capsys):
         (["--dt", "nan"], ["--dt", "finite"]),
         (["--dt", "abc"], ["--dt", "not a number"]),
         (["--alpha", "3"], ["--alpha", "lagrange"]),
+        (["--formulation", "projection", "--alpha", "3"], ["--alpha", "lagrange"]),
+        (["--inertia", "Mc_sym"], ["--inertia", "projection"]),
+        (["--formulation", "null-space", "--beta", "3"], ["--beta", "lagrange"]),
         (["--formulation", "lagrange", "--energy-correction"], ["udwadia-kalaba"]),
         (["--formulation", "lagrange", "--alpha", "-1"], ["--alpha", "non-negative"]),
     ],
@@ -162,3 +165,15 @@ def test_library_value_error_is_a_user_error(monkeypatch, tmp_path, capsys):
     assert code == 2
     assert err.startswith("cdiff: error: _Broken.mass_matrix")
     assert not (tmp_path / "broken.npz").exists()
+
+
+@pytest.mark.parametrize("extra", [["--formulation", "projection", "--inertia",
+                                    "Mc_sym"],
+                                   ["--formulation", "null-space", "--alpha", "5"]])
+def test_other_formulations_run(extra, tmp_path, capsys):
+    code = cli.main(["run", "particle-on-circle", "--t1", "0.2", "--out",
+                     str(tmp_path), "--no-progress", *extra])
+    out = capsys.readouterr().out
+    assert code == 0
+    line = next(x for x in out.splitlines() if x.startswith("max constraint error"))
+    assert float(line.split()[3]) < 1e-6
