@@ -129,7 +129,10 @@ class NullSpace(AbstractFormulation):
         U, _, _ = jnp.linalg.svd(projector(PseudoInverse(A, self.rtol)))
         R = jax.lax.stop_gradient(U[:, : self.dof])
         S, eta, _ = self._basis(model, t0, q0, R)
-        nu0, *_ = jnp.linalg.lstsq(S, v0 - eta)  # eq. 36
+        # Eq. 36: least squares (S has full column rank: normal equations).
+        nu0 = jax.scipy.linalg.cho_solve(
+            (jnp.linalg.cholesky(S.T @ S), True), S.T @ (v0 - eta)
+        )
         return q0, nu0, R
 
     def coordinates(self, t, y, context: Context):
