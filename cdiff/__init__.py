@@ -14,6 +14,12 @@ from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
 from ._kinematics import Kinematics as Kinematics, kinematics as kinematics
 from ._model import AbstractModel as AbstractModel
 from ._simulate import Solution as Solution, simulate as simulate
+from ._solver.projected import (
+    AbstractProjection as AbstractProjection,
+    GradientProjection as GradientProjection,
+    NewtonProjection as NewtonProjection,
+    Projected as Projected,
+)
 from ._solver.rk4 import RK4 as RK4
 
 try:

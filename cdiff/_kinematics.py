@@ -75,6 +75,33 @@ def kinematics(model: AbstractModel, t, q, v) -> Kinematics:
     return Kinematics(phi_q, dphi_q, A_q, b_q, phi_v, A_v, b_v)
 
 
+def holonomic_jacobian(model: AbstractModel, t, q):
+    r"""$\Phi_q(t, q)$ and $A_q = \partial\Phi_q/\partial q$, in one forward pass."""
+    t = jnp.asarray(t, dtype=q.dtype)
+
+    def hol(q):
+        phi = model.holonomic(t, q)
+        return phi, phi
+
+    A_q, phi_q = jax.jacfwd(hol, has_aux=True)(q)
+    return phi_q, A_q
+
+
+def velocity_constraints(model: AbstractModel, t, q, v):
+    r"""The velocity-level residual $[\dot\Phi_q; \Phi_v]$ and its Jacobian with
+    respect to $v$, $A_v = [A_q; \partial\Phi_v/\partial v]$, in one forward pass
+    (without the second derivatives that [`kinematics`][] also computes)."""
+    t = jnp.asarray(t, dtype=q.dtype)
+
+    def residual(v):
+        _, dphi_q = jax.jvp(lambda t, q: model.holonomic(t, q), (t, q), (_unit(t), v))
+        r = jnp.concatenate([dphi_q, model.nonholonomic(t, q, v)])
+        return r, r
+
+    A_v, r = jax.jacfwd(residual, has_aux=True)(v)
+    return r, A_v
+
+
 class EnergyLaw(eqx.Module):
     r"""The energy law as an acceleration-level row: $A_e\ddot q = b_e$ (eq. 19)."""
 

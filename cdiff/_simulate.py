@@ -15,6 +15,7 @@ from jaxtyping import Array, Float
 from ._formulation.base import AbstractFormulation, Context
 from ._kinematics import kinematics
 from ._model import AbstractModel, check_model, has_energy
+from ._solver.base import innermost, replace_innermost
 from ._solver.frozen import FrozenStep
 from ._solver.rk4 import RK4
 
@@ -139,7 +140,8 @@ def simulate(
     - `dt`: step size (the initial step size for an adaptive controller). With the
       default constant step size, `ceil((t1 - t0) / dt)` equal steps are taken
       (reported as `Solution.dt`).
-    - `solver`: any diffrax solver; default [`cdiff.RK4`][].
+    - `solver`: any diffrax solver; default [`cdiff.RK4`][]. Wrap it in
+      [`cdiff.Projected`][] to project onto the constraints after every step.
     - `saveat`: a `cdiff.SaveAt` (= `diffrax.SaveAt`); default: `t0` and every step.
     - `control`: optional callable `u = control(t, q, v)` (e.g. an
       `equinox.Module` controller); its output enters as $E(t, q)u$.
@@ -202,14 +204,16 @@ def simulate(
         saveat = diffrax.SaveAt(t0=True, steps=True)
     if adjoint is None:
         adjoint = diffrax.RecursiveCheckpointAdjoint()
+    inner = innermost(solver)
     if isinstance(adjoint, diffrax.ForwardMode) and isinstance(
-        solver, diffrax.AbstractRungeKutta
+        inner, diffrax.AbstractRungeKutta
     ):
         # What diffrax.ForwardMode does for a bare Runge-Kutta solver (it cannot see
-        # through cdiff's wrapper): stage loops that JAX can differentiate forwards.
-        solver = eqx.tree_at(
-            lambda s: s.scan_kind, solver, "lax", is_leaf=lambda x: x is None
+        # through cdiff's wrappers): stage loops that JAX can differentiate forwards.
+        inner = eqx.tree_at(
+            lambda s: s.scan_kind, inner, "lax", is_leaf=lambda x: x is None
         )
+        solver = replace_innermost(solver, inner)
     # Python floats in modules would be static under jit (one compilation per
     # value); as weakly-typed arrays they are traced, so sweeps reuse compilations.
     model, formulation, control = _floats_to_arrays((model, formulation, control))
@@ -245,7 +249,7 @@ def _simulate(
         else jnp.asarray(jnp.nan, dtype)
     )
     aux = formulation.prepare(model, t0, q0, v0)
-    context = Context(model, control, e0, aux)
+    context = Context(model, control, e0, aux, formulation)
     y0 = formulation.init_state(t0, q0, v0, context)
     # A zero placeholder for the per-step data (see FrozenStep).
     frozen0 = jax.tree.map(

@@ -65,6 +65,18 @@ def slider_crank_run(formulation, dt, t1=100.0):
     return cdiff.simulate(model, formulation, q0, v0, t1=t1, dt=dt, throw=False)
 
 
+@functools.cache
+def slider_crank_saved(formulation, solver=None, t1=10.0, dt=1e-3, redundant=False):
+    """One R2 run per setting saved every 0.05 s, shared across test files (the
+    agreement tests of several formulations compare the same runs)."""
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    ts = jnp.linspace(0.0, t1, int(round(t1 / 0.05)) + 1)
+    return cdiff.simulate(Duplicated(model) if redundant else model, formulation,
+                          q0, v0, t1=t1, dt=dt, solver=solver,
+                          saveat=cdiff.SaveAt(ts=ts))
+
+
 def rk4_minimal_slider_crank(dt, t1=100.0):
     """RK4 (cdiff.RK4, constant step) on the minimal ODE, eq. 24 of Braun-Goldfarb."""
     import diffrax

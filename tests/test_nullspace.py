@@ -1,25 +1,18 @@
 """Yun-Sarkar's null-space formulation: exact solutions, agreement, the state-space
 pair f, g, the continuity of nu, and the paper's eqs. 36 and 39."""
 
-import functools
-
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Duplicated, Skate
+from helpers import Skate, slider_crank_saved
 
 import cdiff
 from cdiff._formulation.base import Context
 
 
-@functools.cache
 def _slider_crank(formulation, t1=10.0, dt=1e-3, redundant=False):
-    model = cdiff.models.SliderCrank()
-    q0, v0 = model.initial_state()
-    ts = jnp.linspace(0.0, t1, int(round(t1 / 0.05)) + 1)
-    return cdiff.simulate(Duplicated(model) if redundant else model, formulation,
-                          q0, v0, t1=t1, dt=dt, saveat=cdiff.SaveAt(ts=ts))
+    return slider_crank_saved(formulation, t1=t1, dt=dt, redundant=redundant)
 
 
 def test_slider_crank_agrees_with_the_other_formulations():

@@ -15,13 +15,16 @@ from .._model import AbstractModel
 
 class Context(eqx.Module):
     """What stays fixed during one solve: the model, the controller, `e0` (the
-    energy at the initial state, NaN when the model defines no energy) and `aux`,
-    whatever the formulation's `prepare` computed from the initial state."""
+    energy at the initial state, NaN when the model defines no energy), `aux`,
+    whatever the formulation's `prepare` computed from the initial state, and the
+    formulation itself (for solver wrappers such as [`cdiff.Projected`][] that map
+    the formulation's state)."""
 
     model: AbstractModel
     control: Any
     e0: Float[Array, ""]
     aux: Any = None
+    formulation: Any = None
 
 
 class Dynamics(eqx.Module):
@@ -87,6 +90,12 @@ class AbstractFormulation(eqx.Module):
         """`(q, v)` from a state `y`. Default: `y` itself."""
         del t, context
         return y
+
+    def project(self, t, y, context: Context, projection) -> PyTree:
+        """Map the state onto the constraints with a post-step `projection` (see
+        [`cdiff.Projected`][]). Default: `(q, v) = projection(model, t, q, v)`."""
+        q, v = y
+        return projection(context.model, t, q, v)
 
     def end_step(self, t, y, context: Context) -> PyTree:
         """Map the state at the end of every step (e.g. re-orthonormalise a carried

@@ -128,16 +128,32 @@ class NullSpace(AbstractFormulation):
         A, _ = self._constraint(model, t0, q0)
         U, _, _ = jnp.linalg.svd(projector(PseudoInverse(A, self.rtol)))
         R = jax.lax.stop_gradient(U[:, : self.dof])
-        S, eta, _ = self._basis(model, t0, q0, R)
-        # Eq. 36: least squares (S has full column rank: normal equations).
-        nu0 = jax.scipy.linalg.cho_solve(
-            (jnp.linalg.cholesky(S.T @ S), True), S.T @ (v0 - eta)
+        return q0, self._fit_nu(model, t0, q0, R, v0), R
+
+    def _fit_nu(self, model, t, q, R, v):
+        """Eq. 36: the least-squares nu with S nu + eta = v (S has full column
+        rank: normal equations). S nu + eta is then the Euclidean projection of v
+        onto the admissible velocities (eta lies in the row space of A)."""
+        S, eta, _ = self._basis(model, t, q, R)
+        return jax.scipy.linalg.cho_solve(
+            (jnp.linalg.cholesky(S.T @ S), True), S.T @ (v - eta)
         )
-        return q0, nu0, R
 
     def coordinates(self, t, y, context: Context):
         q, nu, R = y
         return q, self._admissible(context.model, t, q, nu, R)
+
+    def project(self, t, y, context: Context, projection):
+        r"""Post-step projection ([`cdiff.Projected`][]): `q` onto the holonomic
+        constraints by `projection.position`; the velocity needs no projection
+        (every $S\nu + \eta$ is admissible), so $\nu$ is refitted by eq. 36 to
+        keep the integrator's velocity as closely as the new configuration
+        allows."""
+        q, nu, R = y
+        model = context.model
+        v = self._admissible(model, t, q, nu, R)
+        q = projection.position(model, t, q)
+        return q, self._fit_nu(model, t, q, R, v), R
 
     def end_step(self, t, y, context: Context):
         """Re-orthonormalise the transported basis; the velocity is unchanged."""

@@ -7,6 +7,7 @@ import jax
 import jax.numpy as jnp
 
 from .._formulation.base import AbstractFormulation
+from .base import AbstractForwardingSolver
 
 
 def _all_finite(tree) -> jax.Array:
@@ -20,7 +21,7 @@ def _overrides(formulation, method: str) -> bool:
     )
 
 
-class FrozenStep(diffrax.AbstractWrappedSolver):
+class FrozenStep(AbstractForwardingSolver):
     """Wraps a diffrax solver so that every step of `formulation` sees the
     quantities `formulation.freeze(t0, t1, y0, context)` computed once at the step
     start (DESIGN: the Braun-Goldfarb $\\Delta$ terms must not be re-evaluated per
@@ -38,33 +39,6 @@ class FrozenStep(diffrax.AbstractWrappedSolver):
 
     solver: diffrax.AbstractSolver
     formulation: AbstractFormulation
-
-    @property
-    def term_structure(self):
-        return self.solver.term_structure
-
-    @property
-    def interpolation_cls(self):  # pyright: ignore
-        return self.solver.interpolation_cls
-
-    @property
-    def term_compatible_contr_kwargs(self):
-        return self.solver.term_compatible_contr_kwargs
-
-    @property
-    def scan_kind(self):
-        # diffrax's adjoints look this up on Runge-Kutta solvers (isinstance checks
-        # see through the wrapper); `simulate` sets it on the inner solver.
-        return getattr(self.solver, "scan_kind", "lax") or "lax"
-
-    def order(self, terms):
-        return self.solver.order(terms)
-
-    def strong_order(self, terms):
-        return self.solver.strong_order(terms)
-
-    def error_order(self, terms):
-        return self.solver.error_order(terms)
 
     def _args(self, t0, t1, y0, args):
         context, _ = args
@@ -85,9 +59,3 @@ class FrozenStep(diffrax.AbstractWrappedSolver):
             _all_finite(y1), result, diffrax.RESULTS.nonfinite
         )
         return y1, y_error, dense_info, solver_state, result
-
-    def func(self, terms, t0, y0, args):
-        # Used by adaptive controllers to pick a first step: no correction yet.
-        return self.solver.func(terms, t0, y0, args)
-
-
