@@ -40,6 +40,14 @@ FORMULATIONS = {
     "null-space": cdiff.NullSpace,
 }
 
+#: Post-step projections (`--projection`), wrapped around RK4 by `cdiff.Projected`.
+PROJECTIONS = {
+    "newton": cdiff.NewtonProjection(),
+    "newton-weighted": cdiff.NewtonProjection(mass_weighted=True),
+    "gradient": cdiff.GradientProjection(),
+    "gradient-second": cdiff.GradientProjection(partition="second"),
+}
+
 
 def _summary(obj) -> str:
     """The first paragraph of `obj`'s docstring, on one line."""
@@ -98,6 +106,11 @@ def _parser() -> argparse.ArgumentParser:
                      "(eq. 23, 28 or 29), default Mc")
     run.add_argument("--beta", type=_number(positive=False), metavar="B",
                      help="lagrange: Baumgarte position gain (1/s), default A")
+    run.add_argument("--projection", choices=list(PROJECTIONS),
+                     help="project onto the constraints after every step: Aghili's "
+                     "Newton projection (eq. 37; -weighted: in the kinetic metric) or "
+                     "Terze's gradient-projective partitioning (-second: the "
+                     "next-best partition); default: none")
     run.add_argument("--dt", type=_number(positive=True), metavar="DT",
                      help="step size (s), default: the model's")
     run.add_argument("--t1", type=_number(positive=True), metavar="T",
@@ -157,6 +170,9 @@ def _list() -> int:
     print("formulations:")
     for name, cls in FORMULATIONS.items():
         print(f"  {name:<20} {_summary(cls)}")
+    print("projections (--projection):")
+    for name, projection in PROJECTIONS.items():
+        print(f"  {name:<20} {projection}")
     return 0
 
 
@@ -176,8 +192,13 @@ def _run(args, parser) -> int:
     # Settle static choices (NullSpace's dof) from the concrete initial state, then
     # compile ahead of time, so that compilation and run are timed separately.
     formulation = formulation.bind(model, 0.0, q0, v0)
+    solver = (
+        None if args.projection is None
+        else cdiff.Projected(cdiff.RK4(), PROJECTIONS[args.projection])
+    )
     simulate = eqx.filter_jit(
-        functools.partial(cdiff.simulate, t1=t1, dt=dt, progress=progress, throw=False)
+        functools.partial(cdiff.simulate, t1=t1, dt=dt, progress=progress, throw=False,
+                          solver=solver)
     )
     start = time.perf_counter()
     compiled = simulate.lower(model, formulation, q0, v0).compile()
@@ -209,6 +230,7 @@ def _run(args, parser) -> int:
     rows = [
         ("model", args.model),
         ("formulation", f"{args.formulation}: {formulation}"),
+        ("projection", "none" if solver is None else f"{args.projection}: {solver}"),
         ("precision", np.dtype(dtype).name),
         ("t1", f"{t1:g} s"),
         ("dt", f"{dt_taken:.6g} s{asked}"),
@@ -231,6 +253,7 @@ def _run(args, parser) -> int:
         "model": args.model,
         "formulation": args.formulation,
         "formulation_repr": repr(formulation),
+        "projection": args.projection,
         "alpha": getattr(formulation, "alpha", None),
         "beta": getattr(formulation, "beta", None),
         "constraint_correction": getattr(formulation, "constraint_correction", None),
