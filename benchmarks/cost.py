@@ -1,10 +1,11 @@
 """Cost of the formulations on the slider-crank (R2), side by side in one run.
 
 Braun & Goldfarb (Fig. 4e) claim that the energy correction "makes the integration
-only slightly more expensive". This script measures it: R2, RK4, dt = 1e-2, 100 s,
-float64, for one trajectory and for a vmapped batch, compile time reported apart.
+only slightly more expensive". This script measures it, and the cost of the other
+formulations and of post-step projection: R2, RK4, dt = 1e-2, 100 s, float64, for
+one trajectory and for a vmapped batch, compile time reported apart.
 
-    python benchmarks/cost.py [--batch 64] [--repeats 3] [--record]
+    python benchmarks/cost.py [--batch 64] [--repeats 3] [--only NAME ...] [--record]
 
 `--record` appends the table to benchmarks/RESULTS.md.
 """
@@ -22,20 +23,36 @@ jax.config.update("jax_enable_x64", True)
 import cdiff  # noqa: E402
 from _record import record  # noqa: E402
 
+def _projected(projection):
+    return cdiff.Projected(cdiff.RK4(), projection)
+
+
+#: name -> (formulation, solver); solver None is plain RK4.
 FORMULATIONS = {
-    "Lagrange(alpha=10, beta=10)": cdiff.Lagrange(10.0, 10.0),
-    "UdwadiaKalaba (constraint)": cdiff.UdwadiaKalaba(),
-    "UdwadiaKalaba (constraint + energy)": cdiff.UdwadiaKalaba(energy_correction=True),
+    "Lagrange(alpha=10, beta=10)": (cdiff.Lagrange(10.0, 10.0), None),
+    "UdwadiaKalaba (constraint)": (cdiff.UdwadiaKalaba(), None),
+    "UdwadiaKalaba (constraint + energy)": (
+        cdiff.UdwadiaKalaba(energy_correction=True), None),
+    "Projection (Mc)": (cdiff.Projection(), None),
+    "Projection + NewtonProjection": (
+        cdiff.Projection(), _projected(cdiff.NewtonProjection())),
+    "Projection + NewtonProjection(mass_weighted)": (
+        cdiff.Projection(), _projected(cdiff.NewtonProjection(mass_weighted=True))),
+    "Lagrange(0, 0) + GradientProjection": (
+        cdiff.Lagrange(), _projected(cdiff.GradientProjection())),
+    "NullSpace(alpha=10)": (cdiff.NullSpace(alpha=10.0, dof=1), None),
 }
 
 
-def _runner(formulation, batch, t1, dt):
+def _runner(setup, batch, t1, dt):
+    formulation, solver = setup
     model = cdiff.models.SliderCrank()
     q0, v0 = model.initial_state()
     save = cdiff.SaveAt(t1=True)
 
     def one(dq):
-        sol = cdiff.simulate(model, formulation, q0 + dq, v0, t1=t1, dt=dt, saveat=save)
+        sol = cdiff.simulate(model, formulation, q0 + dq, v0, t1=t1, dt=dt,
+                             saveat=save, solver=solver)
         return sol.q[-1]
 
     if batch == 1:
@@ -65,10 +82,17 @@ def main(argv=None):
     parser.add_argument("--t1", type=float, default=100.0)
     parser.add_argument("--dt", type=float, default=1e-2)
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--only", nargs="+", metavar="NAME",
+                        help="measure only the formulations whose names contain one "
+                        "of these words (UdwadiaKalaba (constraint) is always kept)")
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args(argv)
     rows = []
     for name, formulation in FORMULATIONS.items():
+        if args.only and name != "UdwadiaKalaba (constraint)" and not any(
+            word in name for word in args.only
+        ):
+            continue
         for batch in (1, args.batch):
             compile_s, run_s, sps = measure(formulation, batch, args.t1, args.dt,
                                             args.repeats)
@@ -87,7 +111,9 @@ def main(argv=None):
     print(table)
     if args.record:
         record("cost.py", "R2 slider-crank, RK4, float64; steps/s counts all "
-               "trajectories; compile time apart.", table)
+               "trajectories; compile time apart. Projected rows: RK4 wrapped in "
+               "cdiff.Projected (3 Newton iterations + 1 velocity step per step).",
+               table)
 
 if __name__ == "__main__":
     main()
