@@ -1,15 +1,23 @@
 """Reference mechanisms of the papers (REFERENCE.md), each with its paper's
-parameters, `initial_state()`, an exact minimal-coordinate `reference(ts)` and an
-`observable(q)` (the quantity its paper compares with the exact solution)."""
+parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` and an
+`observable(q)` (the quantity its paper compares with the reference)."""
 
 from ._double_four_bar import DoubleFourBar as DoubleFourBar
 from ._particle_on_circle import ParticleOnCircle as ParticleOnCircle
 from ._reference import Reference as Reference
+from ._rolling_sphere import RollingSphere as RollingSphere
 from ._slider_crank import SliderCrank as SliderCrank
+from ._slider_crank_joint import SliderCrankJoint as SliderCrankJoint
+from ._snakeboard import Snakeboard as Snakeboard
+from ._two_link_on_circle import TwoLinkOnCircle as TwoLinkOnCircle
 
 #: Command-line names of the reference models.
 MODELS = {
     "particle-on-circle": ParticleOnCircle,
     "slider-crank": SliderCrank,
+    "slider-crank-joint": SliderCrankJoint,
     "double-four-bar": DoubleFourBar,
+    "two-link-on-circle": TwoLinkOnCircle,
+    "rolling-sphere": RollingSphere,
+    "snakeboard": Snakeboard,
 }
