@@ -94,7 +94,9 @@ def test_gradient_projection_criterion_and_partition():
         Y = gp.projections(model, 0.0, q, A)
         np.testing.assert_allclose(jnp.sum(Y**2, axis=1), expected, atol=1e-12)
         idx = np.asarray(gp.dependent(model, 0.0, q, A))
-        assert idx[0] == np.argmax(expected)  # the first pick is the criterion
+        # The first pick is the criterion's best (ties, here y1 and y2 in the
+        # Euclidean metric, may go either way: the GPU picks the other one).
+        assert expected[idx[0]] > np.max(expected) - 1e-12
         assert len(set(idx)) == A.shape[0]
         # The set is valid, and the best conditioned of all valid sets that share
         # the first pick is no better than the greedy one by more than a factor 10.

@@ -172,3 +172,29 @@ def test_bad_inertia_name():
         cdiff.Projection("M_c")
     with pytest.raises(ValueError, match="gamma"):
         cdiff.Projection("Mc", gamma=2.0)
+
+
+def test_damping_removes_a_vanishing_constraint_as_eq_68():
+    """R3 at the singular configuration q1 = -pi/2 (A = 0 up to round-off), moving
+    along the branch (where Adot qdot = 0, Aghili's "C = 0"): with an absolute
+    threshold (`damping` = eps^2, eps = 1e-6) the constraint is removed, P = I and
+    the acceleration is the unconstrained one; without it the one-row relative
+    threshold cannot act and P is an arbitrary blend. Off the singularity
+    (|A| = 2e-3) the damping changes nothing."""
+    model = cdiff.models.SliderCrankJoint()
+    v = jnp.array([0.7, -1.4])  # along the branch q2 = 2 pi - 2 q1
+    u = jnp.array([1.0, 0.5])  # joint torques (gravity has no torque there)
+    context = Context(model, lambda t, q, v: u, jnp.asarray(jnp.nan))
+
+    def qdd(formulation, q):
+        return formulation.dynamics(0.0, (q, v), context, None).rate[1]
+
+    damped, plain = cdiff.Projection(damping=1e-12), cdiff.Projection()
+    singular = jnp.array([-jnp.pi / 2, 3 * jnp.pi])
+    free = jnp.linalg.solve(model.mass_matrix(0.0, singular),
+                            model.forces(0.0, singular, v) + u)
+    np.testing.assert_allclose(qdd(damped, singular), free, atol=1e-9)
+    assert float(jnp.max(jnp.abs(qdd(plain, singular) - free))) > 1e-3
+    regular = jnp.array([-jnp.pi / 2 + 1e-3, 3 * jnp.pi - 2e-3])
+    np.testing.assert_allclose(qdd(damped, regular), qdd(plain, regular),
+                               rtol=1e-9, atol=1e-12)

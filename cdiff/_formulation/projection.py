@@ -77,10 +77,15 @@ class Projection(AbstractFormulation):
     $\lambda = A^{+T}Q_c$, unique only when $A$ has full row rank (Remark 4).
 
     The pseudoinverse is cdiff's smooth one ([`cdiff._linalg`][]): singular values
-    of $A$ below about `rtol` $\|A\|_F$ are dropped, so at a kinematic singularity
-    $P$ switches to the larger null space (Aghili eq. 68: the constraint is
-    "virtually removed") and the dynamics stay finite. $A^+$ is not mass-weighted:
-    as the paper notes, $P$ then depends on the units of the coordinates.
+    of $A$ below about `rtol` $\|A\|_F$ (or below $\sqrt{\text{damping}}$) are
+    dropped, so at a kinematic singularity where *some* rows of $A$ lose rank $P$
+    switches to the larger null space and the dynamics stay finite. A relative
+    threshold cannot act on a single row ($\sigma = \|A\|_F$): for a one-row
+    Jacobian that vanishes at the singularity (R3) $P$ becomes the identity only
+    where $\|A\|^2 \lesssim$ `damping`, Aghili's absolute SVD threshold
+    $\epsilon^2$ of eq. 68 (the constraint is "virtually removed"). $A^+$ is not
+    mass-weighted: as the paper notes, $P$ then depends on the units of the
+    coordinates.
 
     There is no stabilisation: the constraint errors drift. Pair it with a
     post-step projection (`cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())`,
@@ -92,6 +97,8 @@ class Projection(AbstractFormulation):
       (eq. 29).
     - `gamma`: the scalar of eq. 29 (units of mass); default $\|M\|_2$.
     - `rtol`: relative singular-value threshold of the pseudoinverse of $A$.
+    - `damping`: absolute threshold of the pseudoinverse, the square of a singular
+      value (units of $A^2$); default 0.
 
     ??? cite "References"
 
@@ -104,6 +111,7 @@ class Projection(AbstractFormulation):
     inertia: str = eqx.field(static=True, default="Mc")
     gamma: float | None = None
     rtol: float | None = eqx.field(static=True, default=None)
+    damping: float = 0.0
 
     def __check_init__(self):
         if self.inertia not in ("Mc", "Mc_sym", "Mc_gamma"):
@@ -122,7 +130,7 @@ class Projection(AbstractFormulation):
         mass_factor(model, t, q)  # positive-definiteness check (eqx.error_if)
         f = applied_forces(context, t, q, v)
         kin = kinematics(model, t, q, v)
-        pinv = PseudoInverse(kin.A_v, self.rtol)
+        pinv = PseudoInverse(kin.A_v, self.rtol, self.damping)
         P = projector(pinv)
         qdd_perp = pinv.solve(kin.b_v)  # (I - P) qdd = C qdot, eq. 16
         Mc, K = constraint_inertia(M, P, self.inertia, self.gamma)
