@@ -159,6 +159,24 @@ def check_model(model: AbstractModel, t0, q0, v0) -> tuple[int, int, int]:
     return nq, hol.shape[0], non.shape[0]
 
 
+def check_positive(model: AbstractModel, names) -> None:
+    """`ValueError` for a concrete non-positive or non-finite parameter of `model`
+    (for a model's `__check_init__`; traced values are skipped: inside
+    jit/vmap/grad the solver's run-time checks take over)."""
+    for name in names:
+        x = getattr(model, name)
+        if isinstance(x, jax.core.Tracer):
+            continue
+        value = np.asarray(x)
+        if value.dtype.kind in "fiu" and not (
+            np.all(np.isfinite(value)) and np.all(value > 0)
+        ):
+            raise ValueError(
+                f"{type(model).__name__}: `{name}` must be positive and finite, "
+                f"got {value}"
+            )
+
+
 def _check_finite_if_concrete(what: str, x) -> None:
     if isinstance(x, jax.core.Tracer):
         return

@@ -6,7 +6,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
 
 from .._kinematics import kinematics
 from .._linalg import PseudoInverse, default_rtol

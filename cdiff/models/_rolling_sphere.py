@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._model import AbstractModel
+from .._model import AbstractModel, check_positive
 from ._reference import Reference, solve_minimal
 
 
@@ -115,12 +115,7 @@ class RollingSphere(AbstractModel):
                     f"RollingSphere: `{name}` must be a 3-vector (x, y, z) given as a "
                     f"tuple, got {value!r}"
                 )
-        for name in ("m", "r", "R"):
-            value = getattr(self, name)
-            if _is_number(value) and not float(value) > 0:
-                raise ValueError(
-                    f"RollingSphere: `{name}` must be positive, got {float(value)}"
-                )
+        check_positive(self, ("m", "r", "R"))
         if all(_is_number(x) for x in (self.R, self.r, self.gap)) and not (
             float(self.R) + float(self.r) + float(self.gap) > 0
         ):

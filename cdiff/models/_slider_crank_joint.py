@@ -4,11 +4,9 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-import jax
 import jax.numpy as jnp
-import numpy as np
 
-from .._model import AbstractModel
+from .._model import AbstractModel, check_positive
 from ._reference import Reference, solve_minimal
 
 
@@ -20,22 +18,6 @@ def _minimal_rhs(t, y, g_over_l):
         1.0 + 4.0 * jnp.sin(q1) ** 2
     )
     return jnp.stack([w, acc])
-
-
-def _check_positive(model, names) -> None:
-    """ValueError for a concrete non-positive or non-finite parameter (skipped for
-    traced ones: inside jit/vmap/grad the solver's run-time checks take over)."""
-    for name in names:
-        x = getattr(model, name)
-        if isinstance(x, jax.core.Tracer):
-            continue
-        value = np.asarray(x)
-        if value.dtype.kind in "fiu" and not (np.all(np.isfinite(value))
-                                              and np.all(value > 0)):
-            raise ValueError(
-                f"{type(model).__name__}: `{name}` must be positive and finite, "
-                f"got {value}"
-            )
 
 
 class SliderCrankJoint(AbstractModel):
@@ -113,7 +95,7 @@ class SliderCrankJoint(AbstractModel):
     default_dt: ClassVar[float] = 1e-2
 
     def __check_init__(self):
-        _check_positive(self, ("m", "l"))
+        check_positive(self, ("m", "l"))
 
     def mass_matrix(self, t, q):
         c2 = jnp.cos(q[1])

@@ -8,12 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._model import AbstractModel
+from .._model import AbstractModel, check_positive
 from ._reference import Reference, solve_minimal
-
-
-def _is_concrete(x) -> bool:
-    return not isinstance(x, jax.core.Tracer)
 
 
 class Snakeboard(AbstractModel):
@@ -119,13 +115,8 @@ class Snakeboard(AbstractModel):
     default_dt: ClassVar[float] = 1e-2
 
     def __check_init__(self):
-        for name in ("m", "J", "Jw", "Jr"):
-            value = getattr(self, name)
-            if _is_concrete(value) and not np.all(np.asarray(value) > 0):
-                raise ValueError(
-                    f"Snakeboard: {name} must be positive (the mass matrix must be "
-                    f"positive definite), got {name}={value}"
-                )
+        # The mass matrix must be positive definite.
+        check_positive(self, ("m", "J", "Jw", "Jr"))
 
     def mass_matrix(self, t, q):
         m, J, Jw, Jr = (jnp.asarray(p, dtype=q.dtype) for p in

@@ -8,9 +8,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._model import AbstractModel
+from .._model import AbstractModel, check_positive
 from ._reference import Reference, solve_minimal
-from ._slider_crank_joint import _check_positive
 
 
 def _minimal_rhs(t, y, args):
@@ -94,7 +93,7 @@ class TwoLinkOnCircle(AbstractModel):
     default_dt: ClassVar[float] = 1e-2
 
     def __check_init__(self):
-        _check_positive(self, ("l1", "l2", "m2", "I1", "I2", "l3"))
+        check_positive(self, ("l1", "l2", "m2", "I1", "I2", "l3"))
         values = [self.l1, self.l2, self.l3]
         if not any(isinstance(x, jax.core.Tracer) for x in values):
             l1, l2, l3 = (np.asarray(x, dtype=float) for x in values)
