@@ -287,6 +287,9 @@ def _simulate(
     )
 
 
+_DIAGNOSTICS_CHUNK = 4096
+
+
 def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
     """Constraint residuals, energy, constraint force, multipliers and `(q, v)`
     along saved states (the formulation's per-step data taken with step `dt` from
@@ -305,7 +308,10 @@ def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
     safe_ys = jax.tree.map(
         lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
     )
-    out = jax.vmap(one)(jnp.where(valid, ts, 0.0), safe_ys)
+    # In chunks: one vmap over more than 8192 rows containing eqx.error_if's
+    # callback deadlocks XLA's CPU runtime (jaxlib 0.10.2, tests/test_simulate.py).
+    out = jax.lax.map(lambda a: one(*a), (jnp.where(valid, ts, 0.0), safe_ys),
+                      batch_size=_DIAGNOSTICS_CHUNK)
 
     def mask(x):
         if x is None:

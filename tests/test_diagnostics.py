@@ -1,0 +1,37 @@
+"""Diagnostics over many saved rows.
+
+A vmap over more than 8192 rows that contains `eqx.error_if` (its host callback)
+deadlocks XLA's CPU runtime in jaxlib 0.10.2; `simulate` computes its diagnostics in
+chunks. The run is in a subprocess with a time limit, so that a regression fails
+instead of hanging the suite.
+"""
+
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import cdiff
+
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    solver = cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())
+    sol = cdiff.simulate(model, cdiff.Projection(), q0, v0, t1=9.0, dt=1e-3,
+                         solver=solver)
+    ref = model.reference(sol.ts[1:])
+    print(sol.q.shape[0], float(jnp.max(jnp.abs(sol.q[1:] - ref.q))))
+    """
+)
+
+
+def test_more_than_8192_saved_rows():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    rows, error = out.stdout.split()
+    assert int(rows) == 9001
+    assert float(error) < 1e-7
