@@ -4,6 +4,7 @@ import importlib.metadata
 
 from diffrax import SaveAt as SaveAt
 
+from . import analysis as analysis
 from . import models as models
 from ._formulation.base import AbstractFormulation as AbstractFormulation
 from ._formulation.base import Dynamics as Dynamics

@@ -1,0 +1,106 @@
+r"""How many Pfaffian constraints are holonomic: the Frobenius test.
+
+Yun & Sarkar, Remark 1: for $m$ constraints $B(q)\dot q = 0$ on $n$ coordinates,
+let $\Delta$ be the distribution spanned by the null space of $B$ and $\Delta^*$
+its involutive closure (the smallest involutive distribution containing it,
+obtained by adding Lie brackets until the dimension stops growing). Then
+$n - \dim\Delta^*$ of the constraints are holonomic (integrable) and the other
+$m - (n - \dim\Delta^*)$ are nonholonomic.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+
+from .._linalg import PseudoInverse, default_rtol
+from .._model import AbstractModel
+
+
+class Involutivity(eqx.Module):
+    """Result of [`cdiff.analysis.frobenius`][]: the numbers of constraints, of
+    holonomic and nonholonomic ones, and the dimensions of the distribution and of
+    its involutive closure at the configuration tested."""
+
+    constraints: int = eqx.field(static=True)
+    holonomic: int = eqx.field(static=True)
+    nonholonomic: int = eqx.field(static=True)
+    dim_distribution: int = eqx.field(static=True)
+    dim_closure: int = eqx.field(static=True)
+
+
+def _lie_bracket(f, g):
+    r"""$[f, g](q) = Dg(q)f(q) - Df(q)g(q)$, by forward-mode autodiff."""
+
+    def bracket(q):
+        return jax.jvp(g, (q,), (f(q),))[1] - jax.jvp(f, (q,), (g(q),))[1]
+
+    return bracket
+
+
+def _rank(vectors, rtol):
+    sv = jnp.linalg.svd(jnp.stack(vectors), compute_uv=False)
+    return int(jnp.sum(sv > rtol * sv[0])), sv
+
+
+def frobenius(model: AbstractModel, q, t=0.0, *, rtol=None) -> Involutivity:
+    r"""Classify the model's velocity constraints at configuration `q` as holonomic
+    or nonholonomic (Yun & Sarkar, Remark 1).
+
+    The constraint rows are $B(q) = \partial\Phi_v/\partial v$ (the model's
+    `nonholonomic` residuals, which must be Pfaffian, $B(q)\dot q = 0$) stacked
+    below the velocity form $G(q)\dot q = 0$ of its `holonomic` ones, so a
+    holonomic constraint written at velocity level is recognised too. The
+    distribution is spanned by the smooth fields $P(q)e_i$ with $P = I - B^+B$;
+    Lie brackets (by `jax.jvp`) of the independent fields are added level by level
+    until the dimension at `q` stops growing. Take a generic `q` (the classification
+    is local: at special points distributions can drop rank).
+
+    Ranks use singular values above `rtol` (default $10^4\sqrt{\varepsilon}$,
+    looser than elsewhere: brackets of brackets accumulate round-off) times the
+    largest. Outside `jit`.
+    """
+    q = jnp.asarray(q)
+    t = jnp.asarray(t, q.dtype)
+    n = q.shape[0]
+    rtol = 1e3 * default_rtol(q.dtype) if rtol is None else rtol
+
+    def rows(q):
+        zero = jnp.zeros_like(q)
+        hol = jax.jacfwd(lambda q: model.holonomic(t, q))(q)
+        non = jax.jacfwd(lambda v: model.nonholonomic(t, q, v))(zero)
+        return jnp.concatenate([hol, non])
+
+    m = rows(q).shape[0]
+
+    def field(i):
+        def f(q):
+            return PseudoInverse(rows(q)).null_project(jnp.eye(n, dtype=q.dtype)[i])
+
+        return f
+
+    fields = [field(i) for i in range(n)]
+    dim_distribution, _ = _rank([f(q) for f in fields], rtol)
+    # Keep a basis of independent fields at q (greedy), then bracket level by level.
+    basis = []
+    for f in fields:
+        if _rank([g(q) for g in basis + [f]], rtol)[0] > len(basis):
+            basis.append(f)
+    level = list(basis)
+    while len(basis) < n and level:
+        new = []
+        for f in level:
+            for g in basis:
+                h = _lie_bracket(f, g)
+                if _rank([b(q) for b in basis + [h]], rtol)[0] > len(basis):
+                    basis.append(h)
+                    new.append(h)
+                if len(basis) == n:
+                    break
+            if len(basis) == n:
+                break
+        level = new
+    dim_closure = len(basis)
+    holonomic = n - dim_closure
+    return Involutivity(m, holonomic, m - holonomic, dim_distribution, dim_closure)

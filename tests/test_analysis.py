@@ -1,0 +1,127 @@
+"""cdiff.analysis: constraint rank, reduction index matrix and differential index
+(Costa-Castello & Fossas), the singular-configuration search (Proposition 1) and
+the Frobenius test (Yun & Sarkar, Remark 1), against closed forms."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from helpers import Duplicated, Skate
+
+import cdiff
+from cdiff import analysis
+
+
+def _slider_crank_at(theta1):
+    """R2 on its exact branch theta2 = -theta1 (on the constraints)."""
+    h = 0.5
+    c, s = np.cos(theta1), np.sin(theta1)
+    return jnp.array([h * c, h * s, theta1, 3 * h * c, h * s, -theta1])
+
+
+def test_rank_and_index_of_the_slider_crank():
+    model = cdiff.models.SliderCrank()
+    regular, singular = _slider_crank_at(np.pi / 4), _slider_crank_at(-np.pi / 2)
+    assert int(analysis.constraint_rank(model, 0.0, regular)) == 5
+    assert int(analysis.constraint_rank(model, 0.0, singular)) == 4
+    assert analysis.differential_index(model, 0.0, regular) == 3
+    assert analysis.differential_index(model, 0.0, singular) is None
+    # Redundant rows: rank 5 of 10, no index.
+    assert int(analysis.constraint_rank(Duplicated(model), 0.0, regular)) == 5
+    assert analysis.differential_index(Duplicated(model), 0.0, regular) is None
+    # Eq. 44 by numpy.
+    G = np.asarray(jax.jacfwd(model.holonomic, 1)(0.0, regular))
+    M = np.asarray(model.mass_matrix(0.0, regular))
+    im = analysis.reduction_index_matrix(model, 0.0, regular)
+    np.testing.assert_allclose(im.phi, G @ np.linalg.solve(M, G.T), atol=1e-12)
+    np.testing.assert_allclose(im.det, np.linalg.det(G @ np.linalg.solve(M, G.T)),
+                               rtol=1e-10)
+    assert float(analysis.reduction_index_matrix(model, 0.0, singular).cond) > 1e12
+
+
+def test_index_of_other_models():
+    four_bar = cdiff.models.DoubleFourBar()
+    assert analysis.differential_index(four_bar, 0.0, four_bar.initial_state()[0]) == 3
+    skate = Skate()
+    assert analysis.differential_index(skate, 0.0, jnp.array([0.0, 0.0, 0.3])) == 2
+
+    class Free(cdiff.AbstractModel):
+        def mass_matrix(self, t, q):
+            return jnp.eye(2, dtype=q.dtype)
+
+    assert analysis.differential_index(Free(), 0.0, jnp.zeros(2)) == 0
+
+
+def test_index_matrix_along_a_solution():
+    """The condition number of phi blows up at the singular passage of R2
+    (theta1 = -pi/2 at t = 0.5 s) and is moderate elsewhere."""
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    ts = jnp.linspace(0.0, 1.0, 201)
+    sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, v0, t1=1.0, dt=1e-3,
+                         saveat=cdiff.SaveAt(ts=ts))
+    cond = np.asarray(analysis.along(analysis.reduction_index_matrix, model, sol).cond)
+    rank = np.asarray(analysis.along(analysis.constraint_rank, model, sol))
+    theta = np.asarray(sol.q[:, 2])
+    near = np.abs(np.cos(theta)) < 1e-2
+    assert near.any() and (cond[near] > 1e3).all()
+    assert (cond[np.abs(np.cos(theta)) > 0.3] < 1e3).all()
+    assert (rank[np.abs(np.cos(theta)) > 1e-3] == 5).all()
+
+
+def test_singular_configuration_search():
+    """Proposition 1 on R2 and R4: every converged point lies on the constraints
+    with a rank-deficient Jacobian (numpy SVD); for R2 it is one of the known
+    singular configurations theta1 = +-pi/2. R4 has more than the "all links
+    horizontal" ones of the paper: the search also finds configurations where
+    only the right-hand parallelogram is flat (y2 = y3 = 0)."""
+    model = cdiff.models.SliderCrank()
+    q0, _ = model.initial_state()
+    rng = np.random.default_rng(0)
+    guesses = jnp.asarray(np.asarray(q0) + 0.4 * rng.standard_normal((6, 6)))
+    res = analysis.singular_configurations(model, guesses)
+    assert int(res.found.sum()) >= 4
+    for q in np.asarray(res.q)[np.asarray(res.found)]:
+        assert np.max(np.abs(model.holonomic(0.0, jnp.asarray(q)))) < 1e-9
+        G = np.asarray(jax.jacfwd(model.holonomic, 1)(0.0, jnp.asarray(q)))
+        assert np.linalg.svd(G, compute_uv=False)[-1] < 1e-8
+        assert abs(np.cos(q[2])) < 1e-8
+    four_bar = cdiff.models.DoubleFourBar()
+    q4, _ = four_bar.initial_state()
+    guesses = jnp.asarray(np.asarray(q4) + 0.3 * rng.standard_normal((4, 6)))
+    guesses = guesses.at[:, 1::2].multiply(0.1)  # start near the horizontal
+    res = analysis.singular_configurations(four_bar, guesses)
+    assert bool(res.found.any())
+    for q in np.asarray(res.q)[np.asarray(res.found)]:
+        assert np.max(np.abs(four_bar.holonomic(0.0, jnp.asarray(q)))) < 1e-9
+        G = np.asarray(jax.jacfwd(four_bar.holonomic, 1)(0.0, jnp.asarray(q)))
+        assert np.linalg.svd(G, compute_uv=False)[-1] < 1e-8
+        assert abs(q[3]) < 1e-8 or abs(q[5]) < 1e-8  # a flat link pair
+    flat = jnp.array([1.0, 0.0, 2.0, 0.0, 3.0, 0.0])  # all links horizontal
+    assert analysis.differential_index(four_bar, 0.0, flat) is None
+
+
+class _VelocityFormCircle(cdiff.AbstractModel):
+    """R1's constraint written at velocity level, q . qdot = 0 (integrable)."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def nonholonomic(self, t, q, v):
+        return jnp.stack([q @ v])
+
+
+def test_frobenius():
+    """Remark 1: the knife edge and both snakeboard constraints are nonholonomic
+    (the closure fills the space); R1's velocity form and R2's constraints are
+    holonomic (the distribution is involutive)."""
+    skate = analysis.frobenius(Skate(), jnp.array([0.1, 0.2, 0.3]))
+    assert (skate.holonomic, skate.nonholonomic, skate.dim_closure) == (0, 1, 3)
+    board = analysis.frobenius(cdiff.models.Snakeboard(),
+                               jnp.array([0.1, 0.2, 0.3, 0.2, 0.1, 0.9]))
+    assert (board.holonomic, board.nonholonomic) == (0, 2)
+    assert (board.dim_distribution, board.dim_closure) == (4, 6)
+    circle = analysis.frobenius(_VelocityFormCircle(), jnp.array([0.6, 0.8]))
+    assert (circle.holonomic, circle.nonholonomic) == (1, 0)
+    crank = cdiff.models.SliderCrank()
+    r2 = analysis.frobenius(crank, crank.initial_state()[0])
+    assert (r2.holonomic, r2.dim_closure) == (5, 1)
