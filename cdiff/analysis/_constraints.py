@@ -23,7 +23,7 @@ from .._linalg import default_rtol
 from .._model import AbstractModel
 
 
-def _rank(A, rtol) -> Array:
+def rank(A, rtol=None) -> Array:
     """Numerical rank: singular values above `rtol` times the largest."""
     if A.shape[0] == 0:
         return jnp.zeros((), jnp.int32)
@@ -41,7 +41,7 @@ def constraint_rank(model: AbstractModel, t, q, v=None, *, rtol=None) -> Array:
     q = jnp.asarray(q)
     v = jnp.zeros_like(q) if v is None else v
     _, A_v = velocity_constraints(model, t, q, v)
-    return _rank(A_v, rtol)
+    return rank(A_v, rtol)
 
 
 class IndexMatrix(eqx.Module):
@@ -94,7 +94,7 @@ def differential_index(model: AbstractModel, t, q, *, rtol=None) -> int | None:
     # phi = C C^T with C = A L^{-T}: its rank is the rank of the weighted rows.
     L = jnp.linalg.cholesky(model.mass_matrix(t, q))
     C = jax.scipy.linalg.solve_triangular(L, A_v.T, lower=True).T
-    if int(_rank(C, rtol)) < A_v.shape[0]:
+    if int(rank(C, rtol)) < A_v.shape[0]:
         return None
     return 3 if G.shape[0] > 0 else 2
 

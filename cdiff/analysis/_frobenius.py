@@ -16,6 +16,7 @@ import jax.numpy as jnp
 
 from .._linalg import PseudoInverse, default_rtol
 from .._model import AbstractModel
+from ._constraints import rank
 
 
 class Involutivity(eqx.Module):
@@ -39,9 +40,9 @@ def _lie_bracket(f, g):
     return bracket
 
 
-def _rank(vectors, rtol):
-    sv = jnp.linalg.svd(jnp.stack(vectors), compute_uv=False)
-    return int(jnp.sum(sv > rtol * sv[0])), sv
+def _dim(vectors, rtol) -> int:
+    """The dimension spanned by `vectors` (numerical rank)."""
+    return int(rank(jnp.stack(vectors), rtol))
 
 
 def frobenius(model: AbstractModel, q, t=0.0, *, rtol=None) -> Involutivity:
@@ -81,11 +82,11 @@ def frobenius(model: AbstractModel, q, t=0.0, *, rtol=None) -> Involutivity:
         return f
 
     fields = [field(i) for i in range(n)]
-    dim_distribution, _ = _rank([f(q) for f in fields], rtol)
+    dim_distribution = _dim([f(q) for f in fields], rtol)
     # Keep a basis of independent fields at q (greedy), then bracket level by level.
     basis = []
     for f in fields:
-        if _rank([g(q) for g in basis + [f]], rtol)[0] > len(basis):
+        if _dim([g(q) for g in basis + [f]], rtol) > len(basis):
             basis.append(f)
     level = list(basis)
     while len(basis) < n and level:
@@ -93,7 +94,7 @@ def frobenius(model: AbstractModel, q, t=0.0, *, rtol=None) -> Involutivity:
         for f in level:
             for g in basis:
                 h = _lie_bracket(f, g)
-                if _rank([b(q) for b in basis + [h]], rtol)[0] > len(basis):
+                if _dim([b(q) for b in basis + [h]], rtol) > len(basis):
                     basis.append(h)
                     new.append(h)
                 if len(basis) == n:
