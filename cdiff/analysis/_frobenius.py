@@ -14,6 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
+from .._kinematics import velocity_constraints
 from .._linalg import PseudoInverse, default_rtol
 from .._model import AbstractModel
 from ._constraints import rank
@@ -67,11 +68,8 @@ def frobenius(model: AbstractModel, q, t=0.0, *, rtol=None) -> Involutivity:
     n = q.shape[0]
     rtol = 1e3 * default_rtol(q.dtype) if rtol is None else rtol
 
-    def rows(q):
-        zero = jnp.zeros_like(q)
-        hol = jax.jacfwd(lambda q: model.holonomic(t, q))(q)
-        non = jax.jacfwd(lambda v: model.nonholonomic(t, q, v))(zero)
-        return jnp.concatenate([hol, non])
+    def rows(q):  # [G; B]: the velocity constraints' Jacobian in v (at v = 0)
+        return velocity_constraints(model, t, q, jnp.zeros_like(q))[1]
 
     m = rows(q).shape[0]
 
