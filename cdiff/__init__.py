@@ -8,13 +8,18 @@ from . import analysis as analysis
 from . import models as models
 from ._formulation.base import AbstractFormulation as AbstractFormulation
 from ._formulation.base import Dynamics as Dynamics
+from ._formulation.dae import AbstractDAEFormulation as AbstractDAEFormulation
+from ._formulation.dae import GGL as GGL
+from ._formulation.dae import IndexOne as IndexOne
 from ._formulation.lagrange import Lagrange as Lagrange
 from ._formulation.nullspace import NullSpace as NullSpace
 from ._formulation.projection import Projection as Projection
+from ._formulation.regularized import Regularized as Regularized
 from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
 from ._kinematics import Kinematics as Kinematics, kinematics as kinematics
 from ._model import AbstractModel as AbstractModel
 from ._simulate import Solution as Solution, simulate as simulate
+from ._solver.bdf import BDF as BDF, DAEResults as DAEResults
 from ._solver.projected import (
     AbstractProjection as AbstractProjection,
     GradientProjection as GradientProjection,

@@ -28,6 +28,8 @@ $f(\sigma) = 1 - (\epsilon / (\sigma^2 + \epsilon))^2$. So
   \operatorname{range}(C)$ the result differs from the exact least-squares
   solution at the 1e-3 level (for consistent $r$, as from redundant but
   compatible constraints, it agrees to round-off),
+* (with `refine=False` the plain Tikhonov filter $\sigma^2/(\sigma^2 + \epsilon)$,
+  as the regularised constraint force of [`cdiff.Regularized`][] prescribes),
 * and the transition is smooth, so the result and its derivatives stay finite and
   continuous when the rank changes: redundant constraints, kinematic
   singularities, a vanishing energy row at rest.
@@ -98,11 +100,19 @@ class PseudoInverse(eqx.Module):
 
     C: Float[Array, "k n"]
     chol: Float[Array, "k k"]
+    refine: bool = eqx.field(static=True)
 
-    def __init__(self, C: Float[Array, "k n"], rtol: float | None = None, damping=0.0):
+    def __init__(
+        self,
+        C: Float[Array, "k n"],
+        rtol: float | None = None,
+        damping=0.0,
+        refine: bool = True,
+    ):
         if rtol is None:
             rtol = default_rtol(C.dtype)
         self.C = C
+        self.refine = refine
         k = C.shape[0]
         if k == 0:
             self.chol = jnp.zeros((0, 0), dtype=C.dtype)
@@ -122,6 +132,8 @@ class PseudoInverse(eqx.Module):
         if self.C.shape[0] == 0:
             return r
         lam = self._gram_solve(r)
+        if not self.refine:  # plain Tikhonov: (CC^T + eps I)^-1 r
+            return lam
         # One step of iterative refinement against the undamped Gram matrix.
         return lam + self._gram_solve(r - self.C @ (self.C.T @ lam))
 

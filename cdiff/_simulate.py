@@ -8,14 +8,17 @@ from typing import Any
 import diffrax
 import equinox as eqx
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
 from ._formulation.base import AbstractFormulation, Context
+from ._formulation.dae import AbstractDAEFormulation
 from ._kinematics import kinematics
 from ._model import AbstractModel, check_model, has_energy
 from ._solver.base import innermost, replace_innermost
+from ._solver.bdf import BDF, DAEResults, bdf_solve
 from ._solver.frozen import FrozenStep
 from ._solver.rk4 import RK4
 
@@ -44,12 +47,13 @@ class Solution(eqx.Module):
       redundant configuration it is the minimum-norm choice.
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
-    - `result`: diffrax's result code (`diffrax.RESULTS`); `result.error_message`... see
-      [`cdiff.Solution.message`][].
+    - `result`: the result code (`diffrax.RESULTS`, or its extension
+      `cdiff.DAEResults` for [`cdiff.BDF`][]); see [`cdiff.Solution.message`][].
     - `dt`: the step size actually taken by a constant-step solve,
       $T/\lceil T/dt\rceil$, which differs from the requested `dt` when that does
       not divide the horizon $T = t_1 - t_0$. `NaN` for adaptive solves.
-    - `stats`: diffrax's statistics (numbers of steps).
+    - `stats`: the solver's statistics (numbers of steps; for [`cdiff.BDF`][] also
+      `t_stop` and `q_stop`, where the solve ended).
     """
 
     ts: Float[Array, " T"]
@@ -61,14 +65,21 @@ class Solution(eqx.Module):
     constraint_force: Float[Array, "T nq"]
     multipliers: Float[Array, "T k"]
     state: Any
-    result: diffrax.RESULTS
+    result: Any
     dt: Float[Array, ""]
     stats: dict[str, Any]
 
     @property
     def message(self) -> str:
-        """The result as text ('' on success). Only outside `jit`."""
-        return diffrax.RESULTS[self.result]
+        """The result as text ('' on success), with the time and configuration where
+        the solve stopped when the solver reports them. Only outside `jit`."""
+        text = self.result._enumeration[self.result]
+        if text and "t_stop" in self.stats:
+            q = np.array2string(np.asarray(self.stats["q_stop"]), precision=6)
+            text += (
+                f" Stopped at t = {float(self.stats['t_stop']):.9g} s, q = {q}."
+            )
+        return text
 
     @property
     def max_constraint_error(self) -> Float[Array, ""]:
@@ -116,7 +127,7 @@ def simulate(
     t1,
     dt,
     t0=0.0,
-    solver: diffrax.AbstractSolver | None = None,
+    solver: diffrax.AbstractSolver | BDF | None = None,
     saveat: diffrax.SaveAt | None = None,
     control=None,
     max_steps: int | None = None,
@@ -173,6 +184,11 @@ def simulate(
     check_model(model, t0, q0, v0)
     dtype = q0.dtype
     solver = RK4() if solver is None else solver
+    if isinstance(solver, BDF) and stepsize_controller is not None:
+        raise ValueError(
+            "cdiff.simulate: cdiff.BDF chooses its own steps (rtol, atol); do not pass "
+            "a stepsize_controller with it."
+        )
     if stepsize_controller is None:
         stepsize_controller = diffrax.ConstantStepSize()
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
@@ -185,7 +201,8 @@ def simulate(
             raise ValueError(f"t1 must be greater than t0, got t0={t0}, t1={t1}")
         if max_steps is None:
             n = constant_steps(t0, t1, dt)
-            max_steps = n if constant else max(16 * n, 4096)
+            adaptive = not constant or isinstance(solver, BDF)
+            max_steps = max(16 * n, 4096) if adaptive else n
     elif max_steps is None:
         raise ValueError(
             "cdiff.simulate: `dt`, `t0` or `t1` is traced (inside jax.jit, "
@@ -202,6 +219,17 @@ def simulate(
         )
     if saveat is None:
         saveat = diffrax.SaveAt(t0=True, steps=True)
+    if isinstance(formulation, AbstractDAEFormulation) and not isinstance(solver, BDF):
+        raise ValueError(
+            f"cdiff.simulate: {type(formulation).__name__} is a DAE formulation; "
+            "integrate it with solver=cdiff.BDF(...) (diffrax's solvers take ODEs)."
+        )
+    if isinstance(solver, BDF):
+        return _simulate_with_bdf(
+            model, formulation, control, q0, v0, t0, t1, dt, solver=solver,
+            saveat=saveat, stepsize_controller=stepsize_controller, adjoint=adjoint,
+            max_steps=max_steps, throw=throw, progress=progress,
+        )
     if adjoint is None:
         adjoint = diffrax.RecursiveCheckpointAdjoint()
     inner = innermost(solver)
@@ -320,3 +348,120 @@ def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
         return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, inf)
 
     return tuple(mask(x) for x in out)
+
+
+def _simulate_with_bdf(
+    model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
+    stepsize_controller, adjoint, max_steps, throw, progress,
+):
+    r"""`simulate` with [`cdiff.BDF`][]: a DAE formulation, or an ODE formulation
+    without per-step data posed as $\dot x - f(t, x) = 0$."""
+    del stepsize_controller
+    if progress:
+        raise ValueError("cdiff.simulate: progress=True is not supported with cdiff.BDF")
+    if not isinstance(formulation, AbstractDAEFormulation):
+        base = AbstractFormulation
+        per_step = type(formulation).freeze is not base.freeze or (
+            type(formulation).end_step is not base.end_step
+        )
+        if per_step:
+            raise ValueError(
+                f"cdiff.BDF: {type(formulation).__name__} needs per-step data "
+                "(frozen corrections or an end-of-step map), which a multistep "
+                "method cannot provide; use cdiff.RK4 (or another diffrax solver), "
+                "or a DAE formulation such as cdiff.GGL."
+            )
+    subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    if len(subs) != 1 or getattr(subs[0].fn, "__name__", "") != "save_y":
+        raise ValueError(
+            "cdiff.simulate: with cdiff.BDF, saveat supports t0, t1, ts and steps "
+            "(no nested SaveAt, no fn, no dense)."
+        )
+    if saveat.dense:
+        raise ValueError("cdiff.simulate: cdiff.BDF does not provide dense output")
+    sub = subs[0]
+    if sub.steps not in (0, 1, True, False):
+        raise ValueError("cdiff.simulate: with cdiff.BDF, saveat.steps must be a bool")
+    model, formulation, control, solver = _floats_to_arrays(
+        (model, formulation, control, solver)
+    )
+    formulation = formulation.bind(model, t0, q0, v0)
+    dtype = q0.dtype
+    times = tuple(jnp.asarray(x, dtype) for x in (t0, t1, dt))
+    forward = isinstance(adjoint, diffrax.ForwardMode)
+    concrete = _is_concrete((model, formulation, control, q0, v0, times, solver))
+    sol = _simulate_bdf(
+        model, formulation, control, q0, v0, *times, solver=solver,
+        save=(bool(sub.t0), bool(sub.t1), bool(sub.steps)), save_ts=sub.ts,
+        max_steps=max_steps, forward=forward, throw=throw and not concrete,
+    )
+    if throw and concrete and int(sol.result._value) != 0:
+        raise RuntimeError(sol.message)
+    return sol
+
+
+@eqx.filter_jit
+def _simulate_bdf(
+    model, formulation, control, q0, v0, t0, t1, dt, *, solver, save, save_ts,
+    max_steps, forward, throw,
+):
+    dtype = q0.dtype
+    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
+    t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+    e0 = (
+        jnp.asarray(model.energy(t0, q0, v0), dtype)
+        if has_energy(model)
+        else jnp.asarray(jnp.nan, dtype)
+    )
+    aux = formulation.prepare(model, t0, q0, v0)
+    context = Context(model, control, e0, aux, formulation)
+    q0 = eqx.error_if(
+        q0,
+        ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
+        "cdiff.simulate: the initial state (q0, v0) is not finite",
+    )
+    if isinstance(formulation, AbstractDAEFormulation):
+        x0 = formulation.init_state(t0, q0, v0, context)
+        unravel = None
+
+        def residual(t, x, xdot):
+            return formulation.residual(t, x, xdot, context)
+
+        def initial(t, x):
+            return formulation.consistent(t, x, context)
+
+        algebraic = formulation.algebraic
+        monitor = None
+        if formulation.sizes[2]:
+            def monitor(t, x):
+                return formulation.monitor(t, x, context)
+    else:
+        y0 = formulation.init_state(t0, q0, v0, context)
+        x0, unravel = jax.flatten_util.ravel_pytree(y0)
+
+        def rate(t, x):
+            f = formulation.vector_field(t, unravel(x), context, None)
+            return jax.flatten_util.ravel_pytree(f)[0]
+
+        def residual(t, x, xdot):
+            return xdot - rate(t, x)
+
+        def initial(t, x):
+            return x, rate(t, x)
+
+        algebraic = np.zeros(x0.shape[0], bool)
+        monitor = None
+    ts, xs, result, stats = bdf_solve(
+        residual, initial, t0, t1, x0, dt, algebraic=algebraic, solver=solver,
+        save_t0=save[0], save_t1=save[1], save_steps=save[2], save_ts=save_ts,
+        max_steps=max_steps, monitor=monitor, forward_mode=forward,
+    )
+    ys = xs if unravel is None else jax.vmap(unravel)(xs)
+    x_stop = stats.pop("x_stop")
+    y_stop = x_stop if unravel is None else unravel(x_stop)
+    stats["q_stop"] = formulation.coordinates(stats["t_stop"], y_stop, context)[0]
+    if throw:
+        ts = result.error_if(ts, result != DAEResults.successful)
+    nan = jnp.asarray(jnp.nan, dtype)
+    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, nan, ts, ys)
+    return Solution(ts, q, v, hol, vel, energy, force, lam, ys, result, nan, stats)

@@ -1,0 +1,272 @@
+r"""The DAE approach (Costa-Castello, Grino & Basanez 1998, §3.2): the equations of
+motion and the constraints posed together as a semi-explicit DAE
+$F(t, x, \dot x) = 0$ and integrated by [`cdiff.BDF`][].
+
+The state $x$ is one flat vector: the coordinates $q$ and velocities $v$ (the
+*differential* variables) followed by the formulation's *algebraic* variables
+(multipliers, accelerations). cdiff's sign convention holds: the constraint force is
+$Q_c = A_v^T\lambda$ with $A_v = [G; \partial\Phi_v/\partial v]$, $G$ the
+holonomic Jacobian (the paper's $G = \partial g/\partial y$).
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._kinematics import holonomic_jacobian, kinematics, velocity_constraints
+from .._model import AbstractModel
+from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
+from .lagrange import Lagrange
+
+
+class AbstractDAEFormulation(AbstractFormulation):
+    r"""A formulation written as a DAE $F(t, x, \dot x) = 0$ for [`cdiff.BDF`][].
+
+    Subclasses name their algebraic variables (`algebraic_sizes`) and implement
+    `residual`. The rest is shared: the state layout $x = [q, v, z_1, z_2, \dots]$,
+    consistent initialisation, the constraint force and multipliers, and the
+    singularity monitor.
+
+    **Singular configurations.** Where the reduction index matrix
+    $\varphi = A_vM^{-1}A_v^T$ is singular (Costa-Castello Proposition 1: the
+    constraint gradients lose rank, or a redundant constraint), the DAE has no
+    index (Remark 4) and its multipliers have a pole. A BDF step can jump over such
+    a point and continue on one branch, which the DAE does not decide; so
+    [`cdiff.BDF`][] locates the minimum of $\sigma_{min}(\varphi^{1/2})$ inside
+    every step and stops with `DAEResults.singular_configuration`, naming the time and the
+    configuration, where it falls below `singular_rtol` times its largest value at
+    the initial state (keyword-only argument `singular_rtol`, default 1e-6, i.e.
+    a condition number of $\varphi$ above 1e12). Use [`cdiff.Regularized`][] to
+    integrate through.
+    """
+
+    singular_rtol: float = eqx.field(static=True, default=1e-6, kw_only=True)
+    sizes: tuple[int, int, int] | None = eqx.field(static=True, default=None, kw_only=True)
+
+    @abc.abstractmethod
+    def algebraic_sizes(self, nq: int, m: int, k: int) -> tuple[int, ...]:
+        """Sizes of the algebraic blocks after `(q, v)`, from the numbers of
+        coordinates `nq`, holonomic rows `m` and velocity-level rows `k`."""
+
+    @abc.abstractmethod
+    def residual(self, t, x, xdot, context: Context):
+        r"""$F(t, x, \dot x)$, shape `(n,)`."""
+
+    @abc.abstractmethod
+    def algebraic_values(self, t, q, v, a, lam, context: Context) -> tuple:
+        """The algebraic blocks at a consistent state with acceleration `a` and
+        multipliers `lam` (for the initialisation)."""
+
+    # -- layout ---------------------------------------------------------------
+
+    def bind(self, model: AbstractModel, t0, q0, v0) -> AbstractDAEFormulation:
+        t0 = jnp.asarray(t0, q0.dtype)
+        m = jax.eval_shape(model.holonomic, t0, q0).shape[0]
+        p = jax.eval_shape(model.nonholonomic, t0, q0, v0).shape[0]
+        return dataclasses.replace(self, sizes=(q0.shape[0], m, m + p))
+
+    def _blocks(self, x):
+        if self.sizes is None:
+            raise ValueError(
+                f"{type(self).__name__}: use it through cdiff.simulate(..., "
+                "solver=cdiff.BDF()), which sizes its state from the model."
+            )
+        nq = self.sizes[0]
+        splits = np.cumsum((nq, nq) + self.algebraic_sizes(*self.sizes))[:-1]
+        return jnp.split(x, splits)
+
+    @property
+    def algebraic(self) -> np.ndarray:
+        """Static mask of the algebraic components of the state."""
+        nq = self.sizes[0]
+        n_alg = sum(self.algebraic_sizes(*self.sizes))
+        return np.concatenate([np.zeros(2 * nq, bool), np.ones(n_alg, bool)])
+
+    def coordinates(self, t, y, context: Context):
+        q, v, *_ = self._blocks(y)
+        return q, v
+
+    # -- initialisation -------------------------------------------------------
+
+    def init_state(self, t0, q0, v0, context: Context):
+        return self.consistent(t0, jnp.concatenate(
+            [q0, v0, jnp.zeros(sum(self.algebraic_sizes(*self.sizes)), q0.dtype)]
+        ), context)[0]
+
+    def consistent(self, t, x, context: Context):
+        r"""A consistent state and its derivative from the $(q, v)$ part of `x`:
+        $q$ onto $\Phi_q = 0$ and $v$ onto the velocity constraints (mass-weighted
+        Newton projection, so a consistent $(q, v)$ is kept as it is), then the
+        acceleration and multipliers of the index-1 system (the KKT solve of
+        [`cdiff.Lagrange`][]). The algebraic variables' derivatives are set to zero
+        (they do not enter the DAE)."""
+        from .._solver.projected import NewtonProjection
+
+        q, v = self.coordinates(t, x, context)
+        q, v = NewtonProjection(iterations=4, mass_weighted=True)(context.model, t, q, v)
+        dyn = Lagrange().dynamics(t, (q, v), context, None)
+        a = dyn.rate[1]
+        blocks = self.algebraic_values(t, q, v, a, dyn.multipliers, context)
+        x = jnp.concatenate((q, v) + tuple(blocks))
+        zeros = jnp.zeros(x.shape[0] - 2 * q.shape[0], x.dtype)
+        return x, jnp.concatenate([v, a, zeros])
+
+    # -- singular configurations -------------------------------------------------
+
+    def _sigma_min_max(self, t, q, v, context: Context):
+        """Extreme singular values of the mass-weighted constraint matrix
+        $C = A_vR^{-1}$ ($CC^T = A_vM^{-1}A_v^T$, the reduction index matrix)."""
+        _, A_v = velocity_constraints(context.model, t, q, v)
+        C = mass_factor(context.model, t, q).weight(A_v)
+        ev = jnp.linalg.eigvalsh(C @ C.T)
+        return jnp.sqrt(jnp.maximum(ev[0], 0.0)), jnp.sqrt(jnp.maximum(ev[-1], 0.0))
+
+    def prepare(self, model: AbstractModel, t0, q0, v0):
+        """The scale of the reduction index matrix at the initial state: its largest
+        singular value, the reference of `monitor`."""
+        if self.sizes[2] == 0:
+            return None
+        context = Context(model, None, jnp.asarray(jnp.nan, q0.dtype))
+        return self._sigma_min_max(t0, q0, v0, context)[1]
+
+    def monitor(self, t, x, context: Context):
+        r"""$\sigma_{min}(C)/(	ext{singular\_rtol}\cdot\sigma_{max}(C_0))$: below 1
+        where the reduction index matrix $A_vM^{-1}A_v^T$ is singular to
+        `singular_rtol` (in singular values of $C$, so its condition number is
+        above `singular_rtol`$^{-2}$), relative to its scale at the initial state.
+        [`cdiff.BDF`][] stops there with `DAEResults.singular_configuration`."""
+        q, v = self.coordinates(t, x, context)
+        smin, _ = self._sigma_min_max(t, q, v, context)
+        return smin / (self.singular_rtol * context.aux)
+
+    # -- what the solution reports ---------------------------------------------
+
+    @abc.abstractmethod
+    def multipliers(self, x):
+        r"""The multipliers $\lambda$ of the velocity-level rows in state `x`."""
+
+    def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
+        """Constraint force $A_v^T\\lambda$ and multipliers at state `y` (the DAE has
+        no explicit rate: `rate` is `None`)."""
+        del frozen
+        q, v = self.coordinates(t, y, context)
+        _, A_v = velocity_constraints(context.model, t, q, v)
+        lam = self.multipliers(y)
+        return Dynamics(None, A_v.T @ lam, lam)
+
+    def vector_field(self, t, y, context, frozen):
+        raise ValueError(
+            f"{type(self).__name__} is a DAE: integrate it with cdiff.BDF "
+            "(cdiff.simulate(..., solver=cdiff.BDF()))."
+        )
+
+
+class GGL(AbstractDAEFormulation):
+    r"""The Gear-Gupta-Leimkuhler stabilised index-2 formulation (Costa-Castello
+    §3.2): the velocity constraints are enforced by the multipliers $\lambda$ of
+    the constraint force and the position constraints are reintroduced with a second
+    multiplier $\mu$ that projects $\dot q$, so neither drifts.
+
+    - `variant="mass"` (eqs. 15-18), $x = [q, v, \lambda, \mu]$:
+      $$\dot q = v + G^T\mu,\quad \dot v = M^{-1}(Q + Eu + A_v^T\lambda),\quad
+        0 = \Phi_q(t, q),\quad 0 = [\dot\Phi_q; \Phi_v](t, q, v).$$
+    - `variant="no_inverse"` (eqs. 19-23), $x = [q, v, w, \lambda, \mu]$: the
+      acceleration $w$ becomes an algebraic variable, $\dot v = w$ with
+      $0 = -Mw + Q + Eu + A_v^T\lambda$, so $M$ is never inverted (cheaper when $M$
+      is large, robust when it is nearly singular).
+
+    Eq. 18 is printed as $0 = G\dot y$; with $\dot y = z + G^T\mu$ that is the usual
+    GGL velocity constraint $0 = Gz$ (here $0 = \dot\Phi_q = Gv + \partial_t\Phi_q$),
+    which cdiff uses; nonholonomic rows $\Phi_v = 0$ join it. On the exact solution
+    $\mu = 0$. The DAE has index 2 where $A_vM^{-1}A_v^T$ is nonsingular; the
+    multipliers are algebraic variables, left out of [`cdiff.BDF`][]'s error test.
+
+    ??? cite "References"
+
+        C. W. Gear, B. Leimkuhler, G. K. Gupta, *Automatic integration of
+        Euler-Lagrange equations with constraints*, J. Comput. Appl. Math. 12
+        (1985). R. Costa-Castello, R. Grino, L. Basanez, *DAE methods in
+        constrained robotics system simulation* (1998), eqs. 15-23.
+    """
+
+    variant: str = eqx.field(static=True, default="mass")
+
+    def __check_init__(self):
+        if self.variant not in ("mass", "no_inverse"):
+            raise ValueError(
+                f"GGL: variant must be 'mass' (eqs. 15-18) or 'no_inverse' "
+                f"(eqs. 19-23), got {self.variant!r}"
+            )
+
+    def algebraic_sizes(self, nq, m, k):
+        if self.variant == "mass":
+            return (k, m)  # lambda, mu
+        return (nq, k, m)  # w, lambda, mu
+
+    def algebraic_values(self, t, q, v, a, lam, context):
+        m = self.sizes[1]
+        mu = jnp.zeros(m, q.dtype)
+        return (lam, mu) if self.variant == "mass" else (a, lam, mu)
+
+    def multipliers(self, x):
+        return self._blocks(x)[2 if self.variant == "mass" else 3]
+
+    def residual(self, t, x, xdot, context: Context):
+        model = context.model
+        if self.variant == "mass":
+            q, v, lam, mu = self._blocks(x)
+        else:
+            q, v, w, lam, mu = self._blocks(x)
+        qdot, vdot, *_ = self._blocks(xdot)
+        phi, G = holonomic_jacobian(model, t, q)
+        r_v, A_v = velocity_constraints(model, t, q, v)
+        f = applied_forces(context, t, q, v) + A_v.T @ lam
+        kinematic = qdot - v - G.T @ mu
+        if self.variant == "mass":
+            dynamic = [vdot - mass_factor(model, t, q).solve(f)]
+        else:
+            dynamic = [vdot - w, model.mass_matrix(t, q) @ w - f]
+        return jnp.concatenate([kinematic, *dynamic, r_v, phi])
+
+
+class IndexOne(AbstractDAEFormulation):
+    r"""The index-1 DAE of the Lagrange formulation: the constraints differentiated
+    to acceleration level and kept as algebraic equations (Costa-Castello eqs. 8-12
+    before the substitution of eq. 12), $x = [q, v, w, \lambda]$:
+
+    $$\dot q = v,\quad \dot v = w,\quad 0 = Mw - Q - Eu - A_v^T\lambda,\quad
+      0 = A_v w - b_v,$$
+
+    with $A_v\ddot q = b_v$ the acceleration-level constraints. It is what SUNDIALS
+    IDA solves (index 1); the position and velocity constraints are only kept by
+    the initial condition and drift with the integration error (use [`cdiff.GGL`][]
+    to keep them).
+    """
+
+    def algebraic_sizes(self, nq, m, k):
+        return (nq, k)  # w, lambda
+
+    def algebraic_values(self, t, q, v, a, lam, context):
+        return (a, lam)
+
+    def multipliers(self, x):
+        return self._blocks(x)[3]
+
+    def residual(self, t, x, xdot, context: Context):
+        model = context.model
+        q, v, w, lam = self._blocks(x)
+        qdot, vdot, *_ = self._blocks(xdot)
+        kin = kinematics(model, t, q, v)
+        f = applied_forces(context, t, q, v) + kin.A_v.T @ lam
+        return jnp.concatenate([
+            qdot - v,
+            vdot - w,
+            model.mass_matrix(t, q) @ w - f,
+            kin.A_v @ w - kin.b_v,
+        ])
