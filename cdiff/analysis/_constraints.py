@@ -23,25 +23,30 @@ from .._linalg import default_rtol
 from .._model import AbstractModel
 
 
-def rank(A, rtol=None) -> Array:
-    """Numerical rank: singular values above `rtol` times the largest."""
+def rank(A, rtol=None, atol=0.0) -> Array:
+    """Numerical rank: singular values above `rtol` times the largest and above
+    `atol` (a relative threshold alone cannot find a single row that vanishes)."""
     if A.shape[0] == 0:
         return jnp.zeros((), jnp.int32)
     sv = jnp.linalg.svd(A, compute_uv=False)
     rtol = default_rtol(A.dtype) if rtol is None else rtol
-    return jnp.sum(sv > rtol * sv[0]).astype(jnp.int32)
+    return jnp.sum(sv > jnp.maximum(rtol * sv[0], atol)).astype(jnp.int32)
 
 
-def constraint_rank(model: AbstractModel, t, q, v=None, *, rtol=None) -> Array:
+def constraint_rank(
+    model: AbstractModel, t, q, v=None, *, rtol=None, atol=None
+) -> Array:
     r"""The rank of the velocity-level constraint matrix $A_v = [G; B]$ at `(t, q)`
     (the holonomic Jacobian and the nonholonomic rows $\partial\Phi_v/\partial v$,
     taken at `v`, default zero). Less than its number of rows at a kinematic
     singularity or with redundant constraints. Singular values below `rtol` times
-    the largest count as zero (default $10\sqrt{\varepsilon}$)."""
+    the largest, or below `atol`, count as zero (both default
+    $10\sqrt{\varepsilon}$; `atol` finds a single vanishing row)."""
     q = jnp.asarray(q)
     v = jnp.zeros_like(q) if v is None else v
     _, A_v = velocity_constraints(model, t, q, v)
-    return rank(A_v, rtol)
+    atol = default_rtol(A_v.dtype) if atol is None else atol
+    return rank(A_v, rtol, atol)
 
 
 class IndexMatrix(eqx.Module):
@@ -75,7 +80,9 @@ def along(fn, model: AbstractModel, solution, **kwargs):
     return jax.vmap(lambda t, q: fn(model, t, q, **kwargs))(ts, qs)
 
 
-def differential_index(model: AbstractModel, t, q, *, rtol=None) -> int | None:
+def differential_index(
+    model: AbstractModel, t, q, *, rtol=None, atol=None
+) -> int | None:
     r"""The differential index of the model's DAE at configuration `q` (Costa-
     Castelló Definition 2, Theorem 1, Remarks 3-4): 3 with holonomic constraints
     where $\varphi = GM^{-1}G^T$ is nonsingular; 2 with only (Pfaffian)
@@ -83,6 +90,13 @@ def differential_index(model: AbstractModel, t, q, *, rtol=None) -> int | None:
     ODE). `None` where the matrix is singular: the DAE then has no index (the
     constraint forces are not determined), as at a kinematic singularity or with
     redundant constraints.
+
+    Singular values of the mass-weighted constraint matrix $C = A_vL^{-T}$
+    ($CC^T = \varphi$) below `rtol` times the largest (default
+    $10\sqrt{\varepsilon}$) or below `atol` count as zero. The absolute `atol`
+    (default $10\sqrt{\varepsilon}$, in the units of $C$) is what finds a single
+    constraint whose gradient vanishes, as at the planar arm's singular
+    configurations (R8), where no relative threshold can.
 
     Evaluated outside `jit` (it returns a Python value)."""
     q = jnp.asarray(q)
@@ -94,7 +108,8 @@ def differential_index(model: AbstractModel, t, q, *, rtol=None) -> int | None:
     # phi = C C^T with C = A L^{-T}: its rank is the rank of the weighted rows.
     L = jnp.linalg.cholesky(model.mass_matrix(t, q))
     C = jax.scipy.linalg.solve_triangular(L, A_v.T, lower=True).T
-    if int(rank(C, rtol)) < A_v.shape[0]:
+    atol = default_rtol(C.dtype) if atol is None else atol
+    if int(rank(C, rtol, atol)) < A_v.shape[0]:
         return None
     return 3 if G.shape[0] > 0 else 2
 
