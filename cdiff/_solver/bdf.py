@@ -318,7 +318,10 @@ def bdf_solve(
         is_jump = (c.jump < n_jumps) & (stop < t1)
         t_land = jnp.where(is_jump, jnp.nextafter(stop, -jnp.inf), stop)
         lands = t_land - t <= 1.01 * c.h
-        h = jnp.where(lands, t_land - t, c.h)
+        # Under jax.vmap the loop body also runs for the trajectories that have
+        # finished; keep their (discarded) step well-defined.
+        active = (t < t1) & (c.result == DAEResults.successful)
+        h = jnp.where(lands & active, t_land - t, c.h)
         clipped = h != c.h
         D = jnp.where(clipped, _change_D(D, order, jax.lax.stop_gradient(h / c.h), K), D)
         t_new = jnp.where(lands, t_land, t + h)
@@ -376,7 +379,7 @@ def bdf_solve(
         if monitor is not None:
             # Stop where the monitor dips below 1 inside the step; the step is
             # not accepted, so the solution ends at its start.
-            D_fixed = jax.lax.stop_gradient(D_acc)
+            D_fixed = jax.lax.stop_gradient(jnp.where(accept, D_acc, D))
 
             def along(tau):
                 return monitor(tau, _dense(D_fixed, h_acc, new_order, t_new, tau, K))

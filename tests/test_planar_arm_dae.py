@@ -1,0 +1,192 @@
+"""Acceptance of the DAE approach on R8 (Costa-Castello §5.2, Figs. 3-5): GGL + BDF
+against Lagrange + RK4 and the exact references, the stop at x = 0's singular
+configuration, Regularized through it, the index analysis, SUNDIALS IDA on the
+index-1 form, and derivatives through BDF."""
+
+from __future__ import annotations
+
+import functools
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ida_reference import ida_solve
+
+import cdiff
+from cdiff._formulation.base import Context
+from cdiff.models import PlanarArmOnCurve
+
+CURVES = ("line_x1", "circle", "line_x0")
+TS = jnp.linspace(0.0, 3.0, 61)
+FREE = TS[TS >= 0.5]  # after the release
+
+
+def _stack(curves):
+    models = [PlanarArmOnCurve(c) for c in curves]
+    return (jnp.stack([m.coefficients for m in models]),
+            jnp.stack([m.hold for m in models]))
+
+
+@functools.cache
+def _ggl_runs():
+    """GGL + BDF from t = 0 (the holding torques switch off at t_release, a
+    `jump_ts` of the solver) for the three curves at rtol = 1e-8 and 1e-9: one
+    jax.vmap over the curves' parameters and the tolerance."""
+
+    def run(c, h, rtol):
+        model = PlanarArmOnCurve(coefficients=c, hold=h)
+        solver = cdiff.BDF(rtol=rtol, atol=rtol, jump_ts=model.t_release)
+        return cdiff.simulate(model, cdiff.GGL(), h, jnp.zeros(2), t1=3.0, dt=1e-4,
+                              solver=solver, saveat=cdiff.SaveAt(ts=TS),
+                              throw=False)
+
+    c, h = _stack(CURVES)
+    rtol = jnp.array([1e-8, 1e-9])
+    grid = lambda x: jnp.repeat(x[None], 2, axis=0)  # noqa: E731
+    return jax.vmap(jax.vmap(run, in_axes=(0, 0, None)), in_axes=(0, 0, 0))(
+        grid(c), grid(h), rtol
+    )
+
+
+@functools.cache
+def _rk4_runs():
+    """Lagrange + RK4 at dt = 1e-4 from the release (the arm is at rest at `hold`
+    until then; a fixed step cannot resolve the jump), x = 1 and the circle."""
+
+    def run(c, h):
+        model = PlanarArmOnCurve(coefficients=c, hold=h)
+        return cdiff.simulate(model, cdiff.Lagrange(), h, jnp.zeros(2), t0=0.5,
+                              t1=3.0, dt=1e-4, saveat=cdiff.SaveAt(ts=FREE))
+
+    return jax.vmap(run)(*_stack(CURVES[:2]))
+
+
+def _pick(tree, *index):
+    return jax.tree.map(lambda x: x[index], tree)
+
+
+@pytest.mark.parametrize("curve", ["line_x1", "circle"])
+def test_ggl_bdf_agrees_with_lagrange_rk4(curve):
+    i = CURVES.index(curve)
+    runs, rk4 = _ggl_runs(), _rk4_runs()
+    exact = PlanarArmOnCurve(curve).reference(FREE).q
+    err = {}
+    for j, rtol in enumerate((1e-8, 1e-9)):
+        sol = _pick(runs, j, i)
+        assert int(sol.result._value) == 0, sol.message
+        q = np.asarray(sol.q)
+        # At rest until the release (to round-off).
+        np.testing.assert_allclose(q[TS < 0.5], np.broadcast_to(q[0], q[TS < 0.5].shape),
+                                   rtol=0, atol=1e-14)
+        err[rtol] = float(np.abs(q[TS >= 0.5] - np.asarray(rk4.q[i])).max())
+        # The constraints hold to far below the tolerance (GGL's point).
+        assert float(sol.max_constraint_error) < 1e-8
+        assert float(np.abs(sol.velocity_residual).max()) < 1e-8
+    # RK4 at dt = 1e-4 is itself exact to ~1e-12 here.
+    assert float(np.abs(rk4.q[i] - exact).max()) < 1e-10
+    # Measured: x = 1: 2.5e-6 at rtol = 1e-8 (BDF's global error is ~300x its
+    # local tolerance where link 2 whips round at 16 rad/s) and 3.2e-7 at 1e-9;
+    # circle: 3.3e-7 and 5.4e-8. The issue's 1e-6 holds at rtol = 1e-8 on the
+    # circle and at 1e-9 on x = 1.
+    assert err[1e-9] < 1e-6, err
+    assert err[1e-8] < (1e-6 if curve == "circle" else 3e-6), err
+    assert err[1e-9] < err[1e-8] / 5
+
+
+def test_ggl_bdf_stops_at_the_singular_configuration_of_x0():
+    sol = _pick(_ggl_runs(), 1, CURVES.index("line_x0"))
+    assert sol.result == cdiff.DAEResults.singular_configuration
+    valid = np.isfinite(np.asarray(sol.ts))
+    assert np.all(np.isfinite(np.asarray(sol.q)[valid]))  # never NaN
+    t_stop = float(sol.stats["t_stop"])
+    q_stop = np.asarray(sol.stats["q_stop"])
+    # The exact reference (symmetric family 2 theta1 + theta2 = pi) reaches the
+    # folded configuration (0, pi) at theta1 = 0.
+    model = PlanarArmOnCurve("line_x0")
+    fine = jnp.linspace(1.08, 1.10, 4001)
+    ref = np.asarray(model.reference(fine).q)
+    t_cross = float(fine[np.argmin(np.abs(ref[:, 0]))])
+    assert abs(t_stop - t_cross) < 1e-5, (t_stop, t_cross)
+    np.testing.assert_allclose(q_stop, [0.0, np.pi], atol=1e-5)
+    assert float(np.asarray(sol.ts)[valid][-1]) < t_stop
+    message = sol.message
+    assert "singular configuration" in message
+    assert f"t = {t_stop:.9g} s" in message and "q = [" in message
+    # With throw=True it is an error naming the same.
+    q0, v0 = model.initial_state()
+    with pytest.raises(RuntimeError, match=r"singular configuration.*t = 1\.09"):
+        cdiff.simulate(model, cdiff.GGL(), q0, v0, t0=0.5, t1=1.2, dt=1e-4,
+                       solver=cdiff.BDF(1e-6, 1e-6))
+
+
+def test_regularized_integrates_through_x0_singularities():
+    model = PlanarArmOnCurve("line_x0")
+    q0, v0 = model.initial_state()
+    ts = jnp.linspace(0.5, 3.0, 251)
+    sol = cdiff.simulate(model, cdiff.Regularized(eps=1e-8, h=1e-3), q0, v0, t0=0.5,
+                         t1=3.0, dt=1e-4, saveat=cdiff.SaveAt(ts=ts))
+    q = np.asarray(sol.q)
+    assert np.all(np.isfinite(q))
+    assert float(sol.max_constraint_error) < 1e-6
+    # Through (0, pi) at 1.09 s and (pi, pi) at 1.66 s, along the exact solution
+    # (the symmetric family) to 1e-3 (measured 2.6e-4: the regularisation's own
+    # error, of order h, near the singular passages).
+    ref = np.asarray(model.reference(ts).q)
+    assert np.abs(q - ref).max() < 1e-3
+    assert q[ts > 1.1][0, 0] < 0 < q[0, 0]  # theta1 changed sign at (0, pi)
+
+
+def test_differential_index_of_r8():
+    for curve in CURVES:
+        model = PlanarArmOnCurve(curve)
+        assert cdiff.analysis.differential_index(model, 0.0, model.hold) == 3
+    model = PlanarArmOnCurve("line_x0")
+    for q in ([0.0, np.pi], [np.pi, np.pi]):
+        assert cdiff.analysis.differential_index(model, 0.0, jnp.array(q)) is None
+        assert float(cdiff.analysis.reduction_index_matrix(model, 0.0,
+                                                           jnp.array(q)).det) < 1e-30
+
+
+def test_index_one_form_agrees_with_sundials_ida():
+    model = PlanarArmOnCurve("line_x1")
+    q0, v0 = model.initial_state()
+    ts = jnp.linspace(0.5, 2.0, 31)
+    sol = cdiff.simulate(model, cdiff.IndexOne(), q0, v0, t0=0.5, t1=2.0, dt=1e-4,
+                         solver=cdiff.BDF(1e-10, 1e-10), saveat=cdiff.SaveAt(ts=ts))
+    formulation = cdiff.IndexOne().bind(model, 0.5, q0, v0)
+    context = Context(model, None, jnp.asarray(jnp.nan), None, formulation)
+    x0, xdot0 = formulation.consistent(0.5, formulation.init_state(0.5, q0, v0, context),
+                                       context)
+    residual = jax.jit(lambda t, x, xd: formulation.residual(t, x, xd, context))
+    algebraic = np.flatnonzero(formulation.algebraic)
+    _, xs = ida_solve(lambda t, y, yp: np.asarray(residual(t, y, yp)), np.asarray(ts),
+                      np.asarray(x0), np.asarray(xdot0), algebraic=algebraic,
+                      rtol=1e-10, atol=1e-10)
+    err = np.abs(xs[:, :2] - np.asarray(sol.q)).max()
+    assert err < 1e-6, err
+    # Both against the exact reference.
+    exact = np.asarray(model.reference(ts).q)
+    assert np.abs(xs[:, :2] - exact).max() < 1e-6
+    assert np.abs(np.asarray(sol.q) - exact).max() < 1e-6
+
+
+def test_gradient_through_bdf_with_respect_to_a_link_mass():
+    base = PlanarArmOnCurve("line_x1")
+    q0, v0 = base.initial_state()
+
+    @jax.jit
+    def final_angle(m2):
+        model = eqx.tree_at(lambda m: m.m2, base, m2)
+        sol = cdiff.simulate(model, cdiff.GGL(), q0, v0, t0=0.5, t1=1.5, dt=1e-4,
+                             solver=cdiff.BDF(1e-10, 1e-10),
+                             saveat=cdiff.SaveAt(t1=True))
+        return sol.q[-1, 0]
+
+    m2 = jnp.asarray(5.0)
+    grad = float(jax.grad(final_angle)(m2))
+    d = 1e-3
+    fd = float((final_angle(m2 + d) - final_angle(m2 - d)) / (2 * d))
+    assert np.isfinite(grad) and grad != 0
+    assert abs(grad - fd) < 1e-5 * abs(fd), (grad, fd)
