@@ -2,7 +2,8 @@
 
 ```
 cdiff list
-cdiff run slider-crank [--formulation udwadia-kalaba|lagrange] [--dt DT] [--t1 T] ...
+cdiff run slider-crank [--formulation udwadia-kalaba|lagrange|...] [--dt DT] [--t1 T] ...
+cdiff run planar-arm-on-curve --formulation ggl [--rtol R --atol A]
 ```
 
 `cdiff run` simulates a reference model from its paper's initial state, compares it
@@ -38,7 +39,14 @@ FORMULATIONS = {
     "lagrange": cdiff.Lagrange,
     "projection": cdiff.Projection,
     "null-space": cdiff.NullSpace,
+    "regularized": cdiff.Regularized,
+    "ggl": cdiff.GGL,
+    "ggl-no-inverse": cdiff.GGL,
+    "index-one": cdiff.IndexOne,
 }
+
+#: Formulations that are DAEs, integrated by `cdiff.BDF`.
+DAE_FORMULATIONS = ("ggl", "ggl-no-inverse", "index-one")
 
 #: Post-step projections (`--projection`), wrapped around RK4 by `cdiff.Projected`.
 PROJECTIONS = {
@@ -91,6 +99,9 @@ def _parser() -> argparse.ArgumentParser:
     run.set_defaults(parser=run)
     run.add_argument("model", choices=list(MODELS), metavar="MODEL",
                      help="one of: " + ", ".join(MODELS))
+    run.add_argument("--curve", choices=["line_x1", "line_x0", "circle"],
+                     help="planar-arm-on-curve: the curve of the end effector "
+                     "(default line_x1)")
     run.add_argument("--formulation", choices=list(FORMULATIONS),
                      default="udwadia-kalaba",
                      help="default: udwadia-kalaba (with constraint correction)")
@@ -111,8 +122,21 @@ def _parser() -> argparse.ArgumentParser:
                      "Newton projection (eq. 37; -weighted: in the kinetic metric) or "
                      "Terze's gradient-projective partitioning (-second: the "
                      "next-best partition); default: none")
+    run.add_argument("--eps", type=_number(positive=True), metavar="E",
+                     help="regularized: the regularisation epsilon (eq. 35), "
+                     "default 1e-8")
+    run.add_argument("--horizon", type=_number(positive=True), metavar="H",
+                     help="regularized: the prediction horizon h (s) of eq. 34, "
+                     "default 1e-2")
+    run.add_argument("--rtol", type=_number(positive=True), metavar="R",
+                     help="ggl, ggl-no-inverse, index-one: BDF's relative "
+                     "tolerance, default 1e-8")
+    run.add_argument("--atol", type=_number(positive=True), metavar="A",
+                     help="ggl, ggl-no-inverse, index-one: BDF's absolute "
+                     "tolerance, default 1e-8")
     run.add_argument("--dt", type=_number(positive=True), metavar="DT",
-                     help="step size (s), default: the model's")
+                     help="step size (s), default: the model's (with BDF: the first "
+                     "step)")
     run.add_argument("--t1", type=_number(positive=True), metavar="T",
                      help="final time (s), default: the model's")
     run.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
@@ -127,6 +151,36 @@ def _parser() -> argparse.ArgumentParser:
 def _formulation(args, parser):
     """The formulation the options ask for; `parser.error` on options that do not
     belong to it."""
+    dae = args.formulation in DAE_FORMULATIONS
+    if (args.rtol is not None or args.atol is not None) and not dae:
+        parser.error("--rtol and --atol apply to the DAE formulations ("
+                     + ", ".join(DAE_FORMULATIONS) + ") only")
+    if (args.eps is not None or args.horizon is not None) and (
+        args.formulation != "regularized"
+    ):
+        parser.error("--eps and --horizon apply to --formulation regularized only")
+    if dae or args.formulation == "regularized":
+        others = [
+            flag for flag, given in [
+                ("--alpha", args.alpha is not None), ("--beta", args.beta is not None),
+                ("--inertia", args.inertia is not None),
+                ("--energy-correction", args.energy_correction),
+                ("--no-constraint-correction", args.no_constraint_correction),
+                ("--projection", args.projection is not None and dae),
+            ] if given
+        ]
+        if others:
+            parser.error(f"{', '.join(others)} do not apply to --formulation "
+                         f"{args.formulation}")
+        if args.formulation == "regularized":
+            return cdiff.Regularized(
+                eps=1e-8 if args.eps is None else args.eps,
+                h=1e-2 if args.horizon is None else args.horizon,
+            )
+        if args.formulation == "index-one":
+            return cdiff.IndexOne()
+        return cdiff.GGL("no_inverse" if args.formulation == "ggl-no-inverse"
+                         else "mass")
     if args.formulation == "lagrange":
         if args.energy_correction or args.no_constraint_correction:
             parser.error(
@@ -167,7 +221,8 @@ def _list() -> int:
     for name, cls in MODELS.items():
         print(f"  {name:<20} {_summary(cls)}")
         print(f"  {'':<20} default --t1 {cls.default_t1:g} --dt {cls.default_dt:g}")
-    print("formulations:")
+    print("formulations (DAEs, integrated by cdiff.BDF: "
+          + ", ".join(DAE_FORMULATIONS) + "):")
     for name, cls in FORMULATIONS.items():
         print(f"  {name:<20} {_summary(cls)}")
     print("projections (--projection):")
@@ -178,7 +233,9 @@ def _list() -> int:
 
 def _run(args, parser) -> int:
     """`cdiff run`: simulate, compare with the reference, report, write files."""
-    model = MODELS[args.model]()
+    if args.curve is not None and args.model != "planar-arm-on-curve":
+        parser.error("--curve applies to planar-arm-on-curve only")
+    model = MODELS[args.model](*(() if args.curve is None else (args.curve,)))
     formulation = _formulation(args, parser)
     has_energy = model_has_energy(model)
     if args.energy_correction and not has_energy:
@@ -191,14 +248,26 @@ def _run(args, parser) -> int:
 
     # Settle static choices (NullSpace's dof) from the concrete initial state, then
     # compile ahead of time, so that compilation and run are timed separately.
-    formulation = formulation.bind(model, 0.0, q0, v0)
-    solver = (
-        None if args.projection is None
-        else cdiff.Projected(cdiff.RK4(), PROJECTIONS[args.projection])
-    )
+    # A model whose forces jump (R8's release of the holding torques, attribute
+    # `t_release`): BDF steps to the jump and restarts there; a fixed-step
+    # Runge-Kutta step cannot resolve it, so those runs start at the jump from the
+    # (held, exact) initial state.
+    release = getattr(model, "t_release", None)
+    dae = args.formulation in DAE_FORMULATIONS
+    t0 = 0.0 if release is None or dae else float(release)
+    if dae:
+        rtol = 1e-8 if args.rtol is None else args.rtol
+        atol = 1e-8 if args.atol is None else args.atol
+        solver = cdiff.BDF(rtol, atol, jump_ts=release)
+        progress = False  # BDF has no progress meter
+    elif args.projection is not None:
+        solver = cdiff.Projected(cdiff.RK4(), PROJECTIONS[args.projection])
+    else:
+        solver = None
+    formulation = formulation.bind(model, t0, q0, v0)
     simulate = eqx.filter_jit(
-        functools.partial(cdiff.simulate, t1=t1, dt=dt, progress=progress, throw=False,
-                          solver=solver)
+        functools.partial(cdiff.simulate, t0=t0, t1=t1, dt=dt, progress=progress,
+                          throw=False, solver=solver)
     )
     start = time.perf_counter()
     compiled = simulate.lower(model, formulation, q0, v0).compile()
@@ -221,7 +290,12 @@ def _run(args, parser) -> int:
     )
 
     dt_taken = float(sol.dt)
-    asked = "" if math.isclose(dt_taken, dt, rel_tol=1e-6) else f" (asked {dt:g})"
+    if dae:
+        dt_row = (f"adaptive, {int(sol.stats['num_accepted_steps'])} accepted and "
+                  f"{int(sol.stats['num_rejected_steps'])} rejected (first {dt:g} s)")
+    else:
+        asked = "" if math.isclose(dt_taken, dt, rel_tol=1e-6) else f" (asked {dt:g})"
+        dt_row = f"{dt_taken:.6g} s{asked}"
     energy = (
         f"{float(sol.max_energy_error):.3e}  (|E - E0|, J)"
         if has_energy
@@ -230,10 +304,11 @@ def _run(args, parser) -> int:
     rows = [
         ("model", args.model),
         ("formulation", f"{args.formulation}: {formulation}"),
-        ("projection", "none" if solver is None else f"{args.projection}: {solver}"),
+        ("solver", "RK4" if solver is None else str(solver)),
         ("precision", np.dtype(dtype).name),
+        ("t0", f"{t0:g} s" + ("" if t0 == 0 else " (at rest before: the release)")),
         ("t1", f"{t1:g} s"),
-        ("dt", f"{dt_taken:.6g} s{asked}"),
+        ("dt", dt_row),
         ("steps", f"{steps}"),
         ("max constraint error", f"{float(sol.max_constraint_error):.3e}  (|Phi_q|)"),
         ("max energy error", energy),
@@ -251,6 +326,7 @@ def _run(args, parser) -> int:
 
     settings = {
         "model": args.model,
+        "curve": args.curve,
         "formulation": args.formulation,
         "formulation_repr": repr(formulation),
         "projection": args.projection,
@@ -258,7 +334,9 @@ def _run(args, parser) -> int:
         "beta": getattr(formulation, "beta", None),
         "constraint_correction": getattr(formulation, "constraint_correction", None),
         "energy_correction": getattr(formulation, "energy_correction", None),
+        "t0": t0,
         "t1": t1,
+        "solver": "RK4" if solver is None else repr(solver),
         "dt_requested": dt,
         "dt": dt_taken,
         "dtype": np.dtype(dtype).name,
@@ -290,7 +368,8 @@ def _run(args, parser) -> int:
     png_path = args.out / f"{args.model}.png"
     np.savez(npz_path, **data)
     with np.errstate(all="ignore"):  # log axes of a diverged run overflow
-        _plot(png_path, data, names, f"{args.model}, {formulation}, dt={dt_taken:g}")
+        step = f"BDF rtol={solver.rtol:g}" if dae else f"dt={dt_taken:g}"
+        _plot(png_path, data, names, f"{args.model}, {formulation}, {step}")
     print(f"wrote {png_path}")
     print(f"wrote {npz_path}")
     if sol.message:

@@ -180,3 +180,31 @@ def test_other_formulations_run(extra, tmp_path, capsys):
     assert code == 0
     line = next(x for x in out.splitlines() if x.startswith("max constraint error"))
     assert float(line.split()[3]) < (1e-14 if "--projection" in extra else 1e-6)
+
+
+def test_dae_run_stops_at_the_singular_configuration(tmp_path, capsys):
+    code = cli.main(["run", "planar-arm-on-curve", "--curve", "line_x0",
+                     "--formulation", "ggl", "--rtol", "1e-6", "--atol", "1e-6",
+                     "--t1", "1.5", "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert "BDF(rtol=1e-06" in captured.out
+    assert "singular configuration" in captured.err
+    assert "Stopped at t = 1.09" in captured.err and "3.141593" in captured.err
+    assert (tmp_path / "planar-arm-on-curve.npz").exists()
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["--formulation", "ggl", "--alpha", "1"], ["--alpha", "ggl"]),
+        (["--formulation", "lagrange", "--rtol", "1e-6"], ["--rtol", "DAE"]),
+        (["--formulation", "ggl", "--eps", "1e-6"], ["--eps", "regularized"]),
+        (["--curve", "circle"], ["--curve", "planar-arm-on-curve"]),
+    ],
+)
+def test_bad_dae_options_exit_2(argv, words, capsys):
+    code, err = _exit_code(["run", "slider-crank", *argv], capsys)
+    assert code == 2
+    for word in words:
+        assert word in err

@@ -47,7 +47,9 @@ class AbstractDAEFormulation(AbstractFormulation):
     """
 
     singular_rtol: float = eqx.field(static=True, default=1e-6, kw_only=True)
-    sizes: tuple[int, int, int] | None = eqx.field(static=True, default=None, kw_only=True)
+    sizes: tuple[int, int, int] | None = eqx.field(
+        static=True, default=None, kw_only=True, repr=False
+    )
 
     @abc.abstractmethod
     def algebraic_sizes(self, nq: int, m: int, k: int) -> tuple[int, ...]:
