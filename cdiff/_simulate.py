@@ -110,6 +110,9 @@ def constant_steps(t0, t1, dt) -> int:
     return int(math.ceil((float(t1) - float(t0)) / float(np.nextafter(dt, np.inf))))
 
 
+_BDF_MAX_STEPS = 16_384
+
+
 class _VectorField(eqx.Module):
     formulation: AbstractFormulation
 
@@ -152,13 +155,19 @@ def simulate(
       default constant step size, `ceil((t1 - t0) / dt)` equal steps are taken
       (reported as `Solution.dt`).
     - `solver`: any diffrax solver; default [`cdiff.RK4`][]. Wrap it in
-      [`cdiff.Projected`][] to project onto the constraints after every step.
+      [`cdiff.Projected`][] to project onto the constraints after every step. A DAE
+      formulation ([`cdiff.GGL`][], [`cdiff.IndexOne`][]) needs [`cdiff.BDF`][],
+      which also takes ODE formulations without per-step data; with it `dt` is the
+      first step, `saveat` may ask for `t0`, `t1`, `ts` and `steps`, and `adjoint`
+      chooses reverse (default) or forward mode (`diffrax.ForwardMode()`).
     - `saveat`: a `cdiff.SaveAt` (= `diffrax.SaveAt`); default: `t0` and every step.
     - `control`: optional callable `u = control(t, q, v)` (e.g. an
       `equinox.Module` controller); its output enters as $E(t, q)u$.
     - `max_steps`: static bound on the number of steps. Computed from `dt` when `dt`
       is a concrete number; **required** when `dt` is traced (e.g. under
       `jax.vmap` over step sizes), where it also fixes the number of saved rows.
+      With [`cdiff.BDF`][] (whose steps do not follow `dt`), default 16384,
+      rejected steps included.
     - `stepsize_controller`: default `diffrax.ConstantStepSize()`.
     - `adjoint`: default `diffrax.RecursiveCheckpointAdjoint()` (reverse mode);
       `diffrax.ForwardMode()` for `jax.jacfwd`.
@@ -201,8 +210,12 @@ def simulate(
             raise ValueError(f"t1 must be greater than t0, got t0={t0}, t1={t1}")
         if max_steps is None:
             n = constant_steps(t0, t1, dt)
-            adaptive = not constant or isinstance(solver, BDF)
-            max_steps = max(16 * n, 4096) if adaptive else n
+            if isinstance(solver, BDF):
+                max_steps = _BDF_MAX_STEPS  # its steps do not follow dt
+            else:
+                max_steps = n if constant else max(16 * n, 4096)
+    elif max_steps is None and isinstance(solver, BDF):
+        max_steps = _BDF_MAX_STEPS
     elif max_steps is None:
         raise ValueError(
             "cdiff.simulate: `dt`, `t0` or `t1` is traced (inside jax.jit, "

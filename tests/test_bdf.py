@@ -199,7 +199,10 @@ def test_forward_and_reverse_derivatives_agree_and_match_fd(pendulum):
     reverse = jax.grad(final)(g)
     forward = jax.jacfwd(lambda g: final(g, diffrax.ForwardMode()))(g)
     fd = (final(g + 1e-3) - final(g - 1e-3)) / 2e-3
-    assert abs(float(forward - reverse)) < 1e-9 * abs(float(reverse))
+    # The two modes differentiate the same method, compiled as two different loops:
+    # round-off can change a step decision, and so the derivative at the level of
+    # the tolerance (measured 2e-11 to 8e-9 relative).
+    assert abs(float(forward - reverse)) < 1e-7 * abs(float(reverse))
     assert abs(float(reverse - fd)) < 1e-5 * abs(float(fd)), (reverse, fd)
 
 

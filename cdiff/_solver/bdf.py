@@ -90,9 +90,10 @@ class BDF(eqx.Module):
     - `newton_iterations`: simplified Newton iterations per step (static, default 4;
       a step whose iteration has not converged after them is retried with half the
       step).
-    - `jump_ts`: times where the equations jump (e.g. a torque switched off): steps
-      end exactly there and the method restarts at order 1 from a state made
-      consistent with the new equations.
+    - `jump_ts`: times where the equations jump (e.g. a torque switched off): a
+      step ends just before each (so it sees the left limit) and the method restarts
+      just after it at order 1, from a state made consistent with the new equations
+      (as diffrax's `jump_ts`).
     """
 
     rtol: float | Float[Array, ""] = 1e-6
@@ -129,8 +130,8 @@ class _Carry(eqx.Module):
     t_sing: Array
     x_sing: Array
     save_index: Array
-    ts_steps: Array
-    xs_steps: Array
+    ts_steps: Any  # loop buffers (equinox.internal.while_loop)
+    xs_steps: Any
     xs_dense: Array
 
 
@@ -338,7 +339,7 @@ def bdf_solve(
         scale_new = atol + rtol * jnp.abs(x_new)
         error_norm = jax.lax.stop_gradient(diff_norm(error_const[order] * d, scale_new))
         safety = 0.9
-        accept = converged & (error_norm <= 1)
+        accept = active & converged & (error_norm <= 1)
         # Rejected: shrink (halve on Newton failure, else by the error).
         shrink = jnp.where(
             converged,
@@ -413,9 +414,10 @@ def bdf_solve(
         result = DAEResults.where(singular, DAEResults.singular_configuration, result)
         ts_steps, xs_steps, save_index = c.ts_steps, c.xs_steps, c.save_index
         if save_steps:
+            # Write-once buffers of the loop (no copies of the saved rows per step).
             i = jnp.minimum(save_index, rows - 1)
-            ts_steps = ts_steps.at[i].set(jnp.where(accept, t_new, ts_steps[i]))
-            xs_steps = xs_steps.at[i].set(jnp.where(accept, x_new, xs_steps[i]))
+            ts_steps = eqxi.buffer_at_set(ts_steps, i, t_new, pred=accept)
+            xs_steps = eqxi.buffer_at_set(xs_steps, i, x_new, pred=accept)
             save_index = save_index + accept.astype(save_index.dtype)
         return _Carry(
             t=jnp.where(accept, t_after, t),
@@ -467,6 +469,7 @@ def bdf_solve(
     )
     final = eqxi.while_loop(
         cond, body, init, max_steps=max_steps,
+        buffers=lambda c: (c.ts_steps, c.xs_steps),
         kind="lax" if forward_mode else "checkpointed",
     )
     result = DAEResults.where(
