@@ -278,28 +278,16 @@ def _simulate(
 ):
     dtype = q0.dtype
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
-    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
-    t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+    q0, t1, dt, context = _checked_context(model, formulation, control, q0, v0,
+                                           t0, t1, dt)
     if constant:
         # diffrax takes its first step of `dt0` and the rest on the uniform grid of
         # ceil(T/dt) steps; pass the uniform step so that every step is the same.
         dt = (t1 - t0) / jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
-    e0 = (
-        jnp.asarray(model.energy(t0, q0, v0), dtype)
-        if has_energy(model)
-        else jnp.asarray(jnp.nan, dtype)
-    )
-    aux = formulation.prepare(model, t0, q0, v0)
-    context = Context(model, control, e0, aux, formulation)
     y0 = formulation.init_state(t0, q0, v0, context)
     # A zero placeholder for the per-step data (see FrozenStep).
     frozen0 = jax.tree.map(
         jnp.zeros_like, formulation.freeze(t0, t0 + dt, y0, context)
-    )
-    y0 = eqx.error_if(
-        y0,
-        ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
-        "cdiff.simulate: the initial state (q0, v0) is not finite",
     )
     sol = diffrax.diffeqsolve(
         diffrax.ODETerm(_VectorField(formulation)),
@@ -326,6 +314,26 @@ def _simulate(
         ts, q, v, hol, vel, energy, force, lam, sol.ys, sol.result, dt_taken,
         sol.stats,
     )
+
+
+def _checked_context(model, formulation, control, q0, v0, t0, t1, dt):
+    """Run-time checks of the times and the initial state (inside `jit`), and the
+    solve's `Context`. **Returns:** `(q0, t1, dt, context)`, the checked values."""
+    dtype = q0.dtype
+    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
+    t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+    q0 = eqx.error_if(
+        q0,
+        ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
+        "cdiff.simulate: the initial state (q0, v0) is not finite",
+    )
+    e0 = (
+        jnp.asarray(model.energy(t0, q0, v0), dtype)
+        if has_energy(model)
+        else jnp.asarray(jnp.nan, dtype)
+    )
+    aux = formulation.prepare(model, t0, q0, v0)
+    return q0, t1, dt, Context(model, control, e0, aux, formulation)
 
 
 _DIAGNOSTICS_CHUNK = 4096
@@ -419,20 +427,8 @@ def _simulate_bdf(
     max_steps, forward, throw,
 ):
     dtype = q0.dtype
-    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
-    t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
-    e0 = (
-        jnp.asarray(model.energy(t0, q0, v0), dtype)
-        if has_energy(model)
-        else jnp.asarray(jnp.nan, dtype)
-    )
-    aux = formulation.prepare(model, t0, q0, v0)
-    context = Context(model, control, e0, aux, formulation)
-    q0 = eqx.error_if(
-        q0,
-        ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
-        "cdiff.simulate: the initial state (q0, v0) is not finite",
-    )
+    q0, t1, dt, context = _checked_context(model, formulation, control, q0, v0,
+                                           t0, t1, dt)
     if isinstance(formulation, AbstractDAEFormulation):
         x0 = formulation.init_state(t0, q0, v0, context)
         unravel = None

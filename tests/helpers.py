@@ -101,3 +101,11 @@ def rk4_minimal_slider_crank(dt, t1=100.0):
         max_steps=int(round(t1 / dt)),
     )
     return sol.ts, 2 * model.l * jnp.cos(sol.ys[:, 0])
+
+
+def stack_curves(curves):
+    """The `(coefficients, hold)` of `PlanarArmOnCurve` for each curve name, stacked
+    for one `jax.vmap` over curves (the curve name itself is static)."""
+    models = [cdiff.models.PlanarArmOnCurve(c) for c in curves]
+    return (jnp.stack([m.coefficients for m in models]),
+            jnp.stack([m.hold for m in models]))

@@ -241,3 +241,15 @@ def test_bad_configurations_raise():
         cdiff.GGL("inverse")
     with pytest.raises(ValueError, match="h must be positive"):
         cdiff.Regularized(h=0.0)
+
+
+def test_consistent_initialisation_projects_an_inconsistent_start(pendulum):
+    # q0 off the circle and v0 with a radial part: GGL starts from the mass-weighted
+    # projection onto Phi = 0 and its velocity constraint (and then keeps them).
+    model, q0, v0, ts, _ = pendulum
+    sol = cdiff.simulate(model, cdiff.GGL(), 1.01 * q0, v0 + 0.1 * q0, t1=2.0,
+                         dt=1e-4, solver=cdiff.BDF(1e-9, 1e-9),
+                         saveat=cdiff.SaveAt(ts=ts))
+    np.testing.assert_allclose(sol.q[0], q0, atol=1e-14)
+    np.testing.assert_allclose(sol.v[0], v0, atol=1e-14)
+    assert float(sol.max_constraint_error) < 1e-9

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import stack_curves
 from ida_reference import ida_solve
 
 import cdiff
@@ -21,12 +22,6 @@ from cdiff.models import PlanarArmOnCurve
 CURVES = ("line_x1", "circle", "line_x0")
 TS = jnp.linspace(0.0, 3.0, 61)
 FREE = TS[TS >= 0.5]  # after the release
-
-
-def _stack(curves):
-    models = [PlanarArmOnCurve(c) for c in curves]
-    return (jnp.stack([m.coefficients for m in models]),
-            jnp.stack([m.hold for m in models]))
 
 
 @functools.cache
@@ -42,7 +37,7 @@ def _ggl_runs():
                               solver=solver, saveat=cdiff.SaveAt(ts=TS),
                               throw=False)
 
-    c, h = _stack(CURVES)
+    c, h = stack_curves(CURVES)
     rtol = jnp.array([1e-8, 1e-9])
     grid = lambda x: jnp.repeat(x[None], 2, axis=0)  # noqa: E731
     return jax.vmap(jax.vmap(run, in_axes=(0, 0, None)), in_axes=(0, 0, 0))(
@@ -60,7 +55,7 @@ def _rk4_runs():
         return cdiff.simulate(model, cdiff.Lagrange(), h, jnp.zeros(2), t0=0.5,
                               t1=3.0, dt=1e-4, saveat=cdiff.SaveAt(ts=FREE))
 
-    return jax.vmap(run)(*_stack(CURVES[:2]))
+    return jax.vmap(run)(*stack_curves(CURVES[:2]))
 
 
 def _pick(tree, *index):

@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import stack_curves
 
 import cdiff
 from cdiff.models import PlanarArmOnCurve
@@ -32,12 +33,6 @@ def _reference(curve):
     return PlanarArmOnCurve(curve).reference(TS)
 
 
-def _stack(curves):
-    models = [PlanarArmOnCurve(c) for c in curves]
-    return (jnp.stack([m.coefficients for m in models]),
-            jnp.stack([m.hold for m in models]))
-
-
 @functools.cache
 def _runs():
     """UdwadiaKalaba, RK4 at dt = 1e-3, from the release (the force jumps at
@@ -50,7 +45,7 @@ def _runs():
                               t0=T_RELEASE, t1=3.0, dt=1e-3,
                               saveat=cdiff.SaveAt(ts=TS))
 
-    return jax.vmap(run)(*_stack(CURVES))
+    return jax.vmap(run)(*stack_curves(CURVES))
 
 
 def _run(curve):
@@ -180,7 +175,7 @@ def test_held_at_rest_until_release_vmapped_over_the_curves():
     t_release already sees the released arm, so v(t_release) = dt/6 a_free, the
     O(dt) error of a fixed step at a jump of the force (why the accuracy runs start
     at t_release)."""
-    coefficients, holds = _stack(CURVES)
+    coefficients, holds = stack_curves(CURVES)
 
     def run(c, h):
         model = PlanarArmOnCurve(coefficients=c, hold=h)
@@ -201,7 +196,7 @@ def test_held_at_rest_until_release_vmapped_over_the_curves():
 def test_vmap_over_the_curves():
     """The curves share one parametrisation: vmapped residuals, index matrices and
     forces equal the per-curve ones."""
-    coefficients, holds = _stack(CURVES)
+    coefficients, holds = stack_curves(CURVES)
     base = PlanarArmOnCurve()
 
     def at_start(c, h):

@@ -9,6 +9,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
+from .._kinematics import kinematics
 from .._linalg import MassFactor, PseudoInverse
 from .._model import AbstractModel
 
@@ -124,6 +125,17 @@ def mass_factor(model: AbstractModel, t, q) -> MassFactor:
         "definite (its Cholesky factorisation failed) at a state reached by the solver.",
     )
     return eqx.tree_at(lambda m: m.L, mf, L)
+
+
+def free_motion(context: Context, t, q, v):
+    """What every acceleration-level formulation starts from at `(t, q, v)`: the
+    Cholesky factor of $M$ (checked), the unconstrained acceleration
+    $a = M^{-1}(Q + Eu)$ and the constraint kinematics.
+
+    **Returns:** `(mass_factor, a, kinematics)`."""
+    mf = mass_factor(context.model, t, q)
+    a = mf.solve(applied_forces(context, t, q, v))
+    return mf, a, kinematics(context.model, t, q, v)
 
 
 def constrained_acceleration(

@@ -5,14 +5,12 @@ from __future__ import annotations
 import equinox as eqx
 import jax.numpy as jnp
 
-from .._kinematics import kinematics
 from .base import (
     AbstractFormulation,
     Context,
     Dynamics,
-    applied_forces,
     constrained_acceleration,
-    mass_factor,
+    free_motion,
 )
 
 
@@ -70,10 +68,7 @@ class Lagrange(AbstractFormulation):
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen
         q, v = y
-        model = context.model
-        mf = mass_factor(model, t, q)
-        a = mf.solve(applied_forces(context, t, q, v))
-        kin = kinematics(model, t, q, v)
+        mf, a, kin = free_motion(context, t, q, v)
         baumgarte = jnp.concatenate(
             [2 * self.alpha * kin.dphi_q + self.beta**2 * kin.phi_q,
              self.alpha * kin.phi_v]

@@ -6,9 +6,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._kinematics import kinematics
 from .._linalg import PseudoInverse
-from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
+from .base import AbstractFormulation, Context, Dynamics, free_motion
 
 
 class Regularized(AbstractFormulation):
@@ -62,10 +61,7 @@ class Regularized(AbstractFormulation):
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen
         q, v = y
-        model = context.model
-        mf = mass_factor(model, t, q)
-        a = mf.solve(applied_forces(context, t, q, v))
-        kin = kinematics(model, t, q, v)
+        mf, a, kin = free_motion(context, t, q, v)
         h = self.h
         B = jax.vmap(mf.solve)(kin.A_v).T  # M^-1 A_v^T
         phi = kin.A_v @ B

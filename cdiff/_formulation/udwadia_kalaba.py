@@ -12,9 +12,8 @@ from .base import (
     AbstractFormulation,
     Context,
     Dynamics,
-    applied_forces,
     constrained_acceleration,
-    mass_factor,
+    free_motion,
 )
 
 
@@ -118,9 +117,7 @@ class UdwadiaKalaba(AbstractFormulation):
     def dynamics(self, t, y, context: Context, frozen: _Deltas) -> Dynamics:
         q, v = y
         model = context.model
-        mf = mass_factor(model, t, q)
-        a = mf.solve(applied_forces(context, t, q, v))
-        kin = kinematics(model, t, q, v)
+        mf, a, kin = free_motion(context, t, q, v)
         # Eq. 16: velocity-level correction by an ideal impulse.
         if self.constraint_correction:
             pinv_q = PseudoInverse(mf.weight(kin.A_q), self.rtol)
