@@ -6,6 +6,7 @@ from diffrax import SaveAt as SaveAt
 
 from . import analysis as analysis
 from . import models as models
+from . import studies as studies
 from ._formulation.base import AbstractFormulation as AbstractFormulation
 from ._formulation.base import Dynamics as Dynamics
 from ._formulation.dae import AbstractDAEFormulation as AbstractDAEFormulation
