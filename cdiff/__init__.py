@@ -5,6 +5,7 @@ import importlib.metadata
 from diffrax import SaveAt as SaveAt
 
 from . import analysis as analysis
+from . import control as control
 from . import models as models
 from . import studies as studies
 from ._formulation.base import AbstractFormulation as AbstractFormulation

@@ -1,0 +1,600 @@
+r"""Aghili's projection-based controllers (Sec. 7 of *Control and simulation of
+motion of constrained multibody systems based on projection matrix formulation*).
+
+**Sign conventions.** cdiff writes the dynamics as
+
+$$M(q)\ddot q = Q(t, q, \dot q) + E(t, q)u + Q_c, \qquad A\ddot q = b,$$
+
+with $Q$ the model's `forces` (gravity, Coriolis and centrifugal terms, springs),
+$E$ its `input_matrix`, $Q_c = A^T\lambda$ the constraint force
+(`Solution.constraint_force`, `Solution.multipliers`) and $A = A_v$, $b = b_v$ the
+acceleration-level constraints of [`cdiff.kinematics`][] (holonomic rows, then
+nonholonomic ones). Aghili writes $M\ddot q + h = f - \mathcal F$ (eq. 19), so
+
+$$h = -Q, \qquad f = Eu, \qquad \mathcal F = -Q_c = -A^T\lambda .$$
+
+Multipliers and desired multipliers are in cdiff's sign throughout (comparable with
+`Solution.multipliers`). $P = I - A^+A$ (eq. 15) is computed with cdiff's smooth
+pseudoinverse ([`cdiff._linalg.PseudoInverse`][]), whose gradients stay finite where
+$A$ changes rank.
+
+**From generalized force to input.** A controller first computes a generalized
+force $f$ (`generalized_force(t, q, v)`) and then returns the input $u$ with
+$Eu = f$: $u = f$ when the model keeps the default identity `input_matrix`, the
+least-squares solution $u = E^+f$ otherwise. If $f$ is not in the range of $E$
+(an underactuated model whose force needs the unactuated coordinates) the result
+would not be $f$: a run-time check (`eqx.error_if`) raises then; wrap the
+controller in [`cdiff.control.PassiveJoints`][].
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Callable
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+from jaxtyping import Array, Float
+
+from .._formulation.projection import projector
+from .._kinematics import kinematics
+from .._linalg import MassFactor, PseudoInverse, default_rtol
+from .._model import AbstractModel
+
+# ---------------------------------------------------------------------------
+# Helpers.
+# ---------------------------------------------------------------------------
+
+
+def _default_tol(dtype) -> float:
+    """Relative tolerance of the run-time consistency checks."""
+    return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
+
+
+def _apply_gain(G, x):
+    """`G x` for a scalar, a vector (diagonal) or a matrix gain."""
+    G = jnp.asarray(G).astype(x.dtype)
+    return G @ x if G.ndim == 2 else G * x
+
+
+def _gain_matrix(G, k: int, dtype):
+    """A scalar, vector (diagonal) or matrix gain as a `(k, k)` matrix."""
+    G = jnp.asarray(G).astype(dtype)
+    if G.ndim == 2:
+        return G
+    return jnp.diag(jnp.broadcast_to(G, (k,)))
+
+
+def _check_gain(owner: str, name: str, G, *, allow_zero: bool) -> None:
+    """`ValueError` for a concrete scalar/vector gain that is negative, zero (unless
+    allowed) or not finite. Matrices and traced gains are not checked."""
+    if G is None or isinstance(G, jax.core.Tracer):
+        return
+    value = np.asarray(G)
+    if value.ndim > 1 or value.dtype.kind not in "fiu":
+        return
+    ok = np.all(np.isfinite(value)) and (
+        np.all(value >= 0) if allow_zero else np.all(value > 0)
+    )
+    if not ok:
+        bound = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{owner}: the gain `{name}` must be finite and {bound}, "
+                         f"got {value}")
+
+
+def _has_input_matrix(model: AbstractModel) -> bool:
+    """Whether the model overrides the default identity `input_matrix`."""
+    return type(model).input_matrix is not AbstractModel.input_matrix
+
+
+def _to_input(model: AbstractModel, t, q, f, tol, owner: str):
+    r"""$u$ with $Eu = f$: $f$ for the default $E = I$, else $u = E^+f$ (smooth
+    least squares, `PseudoInverse` of $E^T$), checked at run time."""
+    if not _has_input_matrix(model):
+        return f
+    E = jnp.asarray(model.input_matrix(t, q)).astype(f.dtype)
+    u = PseudoInverse(E.T).multipliers(E.T @ f)  # (E^T E)^+ E^T f = E^+ f
+    tol = _default_tol(f.dtype) if tol is None else tol
+    residual = jnp.linalg.norm(E @ u - f)
+    return eqx.error_if(
+        u,
+        residual > tol * jnp.linalg.norm(f),
+        f"cdiff.control.{owner}: the generalized force is not in the range of "
+        "model.input_matrix(t, q) (E u = f has no solution: the force needs "
+        "unactuated coordinates). Wrap the controller in "
+        "cdiff.control.PassiveJoints (Aghili eqs. 53-60).",
+    )
+
+
+class _Terms(eqx.Module):
+    """Model quantities at one state, shared by the controllers."""
+
+    M: Float[Array, "n n"]
+    Q: Float[Array, " n"]
+    A: Float[Array, "k n"]
+    b: Float[Array, " k"]
+    pinv: PseudoInverse
+
+
+def _terms(model: AbstractModel, t, q, v, rtol) -> _Terms:
+    t = jnp.asarray(t, dtype=q.dtype)
+    M = jnp.asarray(model.mass_matrix(t, q)).astype(q.dtype)
+    Q = jnp.asarray(model.forces(t, q, v)).astype(q.dtype)
+    kin = kinematics(model, t, q, v)
+    return _Terms(M, Q, kin.A_v, kin.b_v, PseudoInverse(kin.A_v, rtol))
+
+
+def _second_order(fn, q, v):
+    r"""$(\theta, J v, \dot J v)$ of $\theta = $ `fn(q)` along $\dot q = v$
+    ($\dot Jv = \partial^2\theta/\partial q^2[v, v]$), by nested `jax.jvp`."""
+
+    def first(q):
+        return jax.jvp(fn, (q,), (v,))
+
+    (theta, dtheta), (_, ddtheta) = jax.jvp(first, (q,), (v,))
+    return theta, dtheta, ddtheta
+
+
+def _motion_acceleration(ctrl, t, q, v, terms: _Terms):
+    r"""The auxiliary input $u_p$ of eq. 44: an admissible acceleration
+    ($Au_p = b$) whose tangential part imposes the PD error law (see
+    `ProjectedInverseDynamics`)."""
+    q_d, v_d, a_d = (jnp.asarray(x).astype(q.dtype) for x in ctrl.reference(t))
+    pinv = terms.pinv
+    qdd_perp = pinv.solve(terms.b)  # (I - P) qdd = C qdot = A^+ b   (eqs. 13, 16)
+    if ctrl.coordinates is None:
+        alpha = a_d + _apply_gain(ctrl.gd, v_d - v) + _apply_gain(ctrl.gp, q_d - q)
+        return qdd_perp + pinv.null_project(alpha)
+    theta = ctrl.coordinates
+    th_d, dth_d, jdot_d = _second_order(theta, q_d, v_d)
+    ddth_d = jax.jvp(theta, (q_d,), (a_d,))[1] + jdot_d
+    th, dth, jdot = _second_order(theta, q, v)
+    alpha = ddth_d + _apply_gain(ctrl.gd, dth_d - dth) + _apply_gain(ctrl.gp, th_d - th)
+    J = jnp.atleast_2d(jax.jacfwd(theta)(q))
+    JP = jax.vmap(pinv.null_project)(J)  # J P (P symmetric)
+    lam = PseudoInverse(JP, ctrl.rtol)  # Lambda = (J P)^+, eq. 38
+    return qdd_perp + lam.solve(alpha - jdot - J @ qdd_perp)
+
+
+def _weighted_projection(weight, A, x, rtol=None):
+    r"""$\Pi x = W^{1/2}P_WW^{-1/2}x = x - A^T(AW^{-1}A^T)^+AW^{-1}x$ with
+    $P_W = I - A_W^+A_W$, $A_W = AW^{-1/2}$ (eq. 47), computed with the Cholesky
+    factor $W = LL^T$ in place of $W^{1/2}$ (the same operator)."""
+    W = jnp.asarray(weight).astype(x.dtype)
+    if W.ndim < 2:
+        W = jnp.diag(jnp.broadcast_to(W, x.shape))
+    wf = MassFactor(W)
+    C = wf.weight(A)  # A L^{-T}
+    y = PseudoInverse(C, rtol).null_project(wf.transpose_unweight(x))  # P_W L^-1 x
+    return wf.times_R_transpose(y)  # L y
+
+
+# ---------------------------------------------------------------------------
+# Controllers.
+# ---------------------------------------------------------------------------
+
+
+class AbstractController(eqx.Module):
+    """A controller of cdiff's `simulate`: `u = controller(t, q, v)`.
+
+    Subclasses implement `generalized_force(t, q, v)` (the generalized force
+    $f = Eu$ they want applied) and expose the controlled model as `model`
+    (optionally `tol`, `rtol`); `__call__` maps $f$ to the input $u$ (module
+    docstring). Any subclass can be wrapped in [`cdiff.control.PassiveJoints`][].
+    """
+
+    @abc.abstractmethod
+    def generalized_force(self, t, q, v) -> Float[Array, " n"]:
+        """The generalized force $f$ (cdiff's $Eu$) at `(t, q, v)`."""
+
+    def _force_and_terms(self, t, q, v) -> tuple[Float[Array, " n"], _Terms]:
+        """The generalized force and the model quantities at `(t, q, v)` (the
+        built-in controllers return the ones they computed it from)."""
+        rtol = getattr(self, "rtol", None)
+        return self.generalized_force(t, q, v), _terms(self.model, t, q, v, rtol)
+
+    def __call__(self, t, q, v):
+        f = self.generalized_force(t, q, v)
+        return _to_input(self.model, t, q, f, getattr(self, "tol", None),
+                         type(self).__name__)
+
+
+class ProjectedInverseDynamics(AbstractController):
+    r"""Projected inverse-dynamics motion control (PIDC, Aghili eqs. 43-46), with
+    the weighted minimum-norm force of eqs. 47-48.
+
+    **Control law** (Aghili's $h = -Q$, see the module docstring):
+
+    $$f_\parallel = h_\parallel + PMu_p = P(Mu_p - Q) \qquad (43)$$
+
+    and $f = f_\parallel$ ($f_\perp = 0$): among all generalized forces producing
+    the same motion ($f + A^T\mu$ for any $\mu$, since $P$ removes $A^T\mu$ from
+    eq. 21) it has the least Euclidean norm (eq. 46), and $(I - P)f = 0$.
+
+    **Auxiliary input** $u_p$ (eq. 44). The closed loop satisfies
+    $PM(\ddot q - u_p) = 0$ (eq. 21 with eq. 43). If $u_p$ is admissible,
+    $Au_p = b$ (the acceleration-level constraints, the constraint term
+    $\ddot q_\perp = C\dot q = A^+b$ of eqs. 13 and 16), then $\ddot q - u_p \in
+    \mathcal N(A)$, where $PM$ is injective (Theorem 4's argument), and the closed
+    loop is exactly $\ddot q = u_p$. cdiff builds $u_p = A^+b + (\text{tangential
+    part})$ in one of two ways:
+
+    - `coordinates=None` (default): tracking in the generalized coordinates with
+      the error projected onto $\mathcal N(A)$: with $e = q_d - q$,
+      $u_p = A^+b + P(\ddot q_d + G_D\dot e + G_Pe)$ and hence
+      $P(q)\,(\ddot e + G_D\dot e + G_Pe) = 0$: the tangential part of the error
+      follows the PD law. (Its normal part is of second order in $e$ because both
+      $q$ and $q_d$ lie on the constraint manifold; where $P$ is constant, e.g.
+      linear constraints, $Pe$ follows the law exactly.)
+    - `coordinates=theta`, a function $\theta(q) \in \mathbb R^k$ that charts the
+      constraint manifold (Aghili's independent coordinates, eq. 38; $k$ the number
+      of degrees of freedom): with $J = \partial\theta/\partial q$,
+      $\Lambda = (JP)^+$ ($\mathcal R(\Lambda) = \mathcal N(A)$, eq. 41) and
+      $e = \theta(q_d) - \theta(q)$,
+      $u_p = A^+b + \Lambda(\ddot\theta_d + G_D\dot e + G_Pe - \dot J\dot q -
+      JA^+b)$, which is eq. 44 written without $\dot\Lambda$; then
+      $\ddot e + G_D\dot e + G_Pe = 0$ exactly (eq. 45). $\theta_d$ and its
+      derivatives come from the reference by the chain rule.
+
+    **Weighted norm** (eqs. 47-48). With `weight` $W$ (symmetric positive
+    definite, `(n, n)`, or a vector for a diagonal $W$) the force is expressed in
+    the scaled coordinates $f_W = W^{-1/2}f$, $\dot q_W = W^{1/2}\dot q$,
+    $A_W = AW^{-1/2}$, $P_W = I - A_W^+A_W$, and eq. 43 applied there gives
+    $f = W^{1/2}P_WW^{-1/2}(Mu_p - Q)$. It produces the same motion and minimises
+    $\|f\|_W^2 = f^TW^{-1}f$ (eq. 47; its optimality condition is
+    $AW^{-1}f = 0$). E.g. $W^{1/2} = \mathrm{diag}(f_{max})$ normalises each
+    component by its actuator limit. $W^{1/2}$ is replaced by the Cholesky factor
+    of $W$, which gives the same operator.
+
+    **Arguments:**
+
+    - `model`: the controlled [`cdiff.AbstractModel`][] (the controller's own copy:
+      its inverse dynamics use it).
+    - `reference`: `reference(t) -> (q_d, v_d, a_d)`, the desired motion in the
+      generalized coordinates, admissible: on the constraints at position,
+      velocity and acceleration level ($A(q_d)a_d = b(q_d, v_d)$).
+    - `gp`, `gd`: the PD gains $G_P, G_D > 0$ (scalars, vectors for diagonal
+      gains, or matrices), of size $n$ (`coordinates=None`) or $k$.
+    - `weight`: $W$ of eq. 47, or `None` (the Euclidean norm).
+    - `coordinates`: optional chart $\theta(q)$ (above).
+    - `rtol`: relative singular-value threshold of the pseudoinverses.
+    - `tol`: relative tolerance of the run-time check $Eu = f$.
+    """
+
+    model: AbstractModel
+    reference: Callable
+    gp: Any
+    gd: Any
+    weight: Any = None
+    coordinates: Callable | None = None
+    rtol: float | None = eqx.field(static=True, default=None)
+    tol: float | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        name = type(self).__name__
+        _check_gain(name, "gp", self.gp, allow_zero=False)
+        _check_gain(name, "gd", self.gd, allow_zero=False)
+
+    def motion_acceleration(self, t, q, v):
+        r"""The commanded acceleration $u_p$ (eq. 44; $\ddot q = u_p$ in closed
+        loop)."""
+        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
+                                                          self.rtol))
+
+    def generalized_force(self, t, q, v):
+        """The generalized force $f$ (see the class docstring)."""
+        return self._force_and_terms(t, q, v)[0]
+
+    def _force_and_terms(self, t, q, v):
+        r"""$f = P(Mu_p - Q)$ (eq. 43), or its weighted version (eq. 47)."""
+        terms = _terms(self.model, t, q, v, self.rtol)
+        u_p = _motion_acceleration(self, t, q, v, terms)
+        x = terms.M @ u_p - terms.Q
+        if self.weight is None:
+            return terms.pinv.null_project(x), terms
+        return _weighted_projection(self.weight, terms.A, x, self.rtol), terms
+
+
+class HybridForceMotion(AbstractController):
+    r"""Hybrid motion/constraint-force control (Aghili eqs. 49-52).
+
+    The motion channel is [`cdiff.control.ProjectedInverseDynamics`][]'s $u_p$
+    (same `reference`, `gp`, `gd`, `coordinates`); the impotent component
+    $f_\perp$ sets the constraint force. In cdiff's signs ($h = -Q$,
+    $\mathcal F = -Q_c$, module docstring) eqs. 43 and 49 read
+
+    $$f_\parallel = P(Mu_p - Q), \qquad
+      f_\perp = (I - P)(Mu_p - Q) - A^T\lambda_c,$$
+
+    where $(I - P)(Mu_p - Q)$ is eq. 49's feed-forward
+    $h_\perp + \mu(f_\parallel - h_\parallel + C_c\dot q)$ (it cancels the
+    constraint force that the motion alone produces; equal because $M_cu_p =
+    PMu_p + C_c\dot q$ for the admissible $u_p$) and $A^T\lambda_c$ is the
+    commanded constraint force ($-u_{\mathcal F}$). So
+    $f = Mu_p - Q - A^T\lambda_c$ (eq. 52), and by eq. 32 the constraint force is
+    $Q_c = A^T\lambda_c$ and the multipliers $\lambda = \lambda_c$ (for $A$ of full
+    row rank; otherwise only the $\mathcal R(A)$ part, Remark 5).
+
+    **The PI loop** (eq. 50), in multiplier space: $\lambda_c = \lambda_d +
+    G_Fe_\lambda + G_I z$ with $e_\lambda = \lambda_d - \lambda$ and
+    $\dot z = e_\lambda$ (so $e_f = A^Te_\lambda$, Aghili's $\mathcal F_d -
+    \mathcal F$ up to the sign convention). *What is implemented.* `simulate`
+    passes only $(t, q, \dot q)$: a controller cannot measure the constraint force
+    and cannot carry the integrator state. The force is therefore the model's
+    prediction (eq. 32), and with it the loop is algebraic, $\lambda =
+    \lambda_c$ at every instant, which gives $(I + G_F)e_\lambda = -G_Iz$ and
+    $\dot z = -Kz$ with $K = (I + G_F)^{-1}G_I$: the integrator does not depend on
+    the plant and is integrated here in closed form, $z(t) = e^{-K(t - t_0)}z_0$.
+    The force error then follows eq. 50's law exactly,
+
+    $$(I + G_F)\dot e_\lambda + G_Ie_\lambda = 0, \qquad
+      e_\lambda(t) = -Ke^{-K(t - t_0)}z_0,$$
+
+    (and $(G_F + 1)\dot e_f + G_Ie_f = 0$ where $A$ is constant), from the
+    initial error set by the integrator's initial value `integral0` $= z_0$.
+    With `integral0=None` ($z_0 = 0$, the default) there is no transient:
+    $\lambda = \lambda_d$ from the start, and `gf`, `gi` have no effect. A
+    measured (sampled, delayed) force, where integral action matters, is outside
+    what a state-feedback `control` can express.
+
+    The force errors and the motion errors are decoupled (Sec. 7.3): the motion
+    follows the law of `ProjectedInverseDynamics` whatever $\lambda_d$.
+
+    **Arguments:**
+
+    - `model`, `reference`, `gp`, `gd`, `coordinates`, `rtol`, `tol`: as in
+      [`cdiff.control.ProjectedInverseDynamics`][] (no `weight`: the total force
+      is fixed by the motion and the constraint force together).
+    - `force_reference`: `force_reference(t) -> lambda_d`, desired multipliers,
+      one per row of $A_v$, in cdiff's sign ($Q_{c,d} = A_v^T\lambda_d$, as
+      `Solution.multipliers`).
+    - `gf`, `gi`: PI gains $G_F \ge 0$, $G_I \ge 0$ (scalars, vectors or
+      matrices in multiplier space).
+    - `integral0`: $z(t_0)$, shape `(k,)`, or `None` for zero.
+    - `t0`: the time at which the integrator holds `integral0` (default 0).
+    """
+
+    model: AbstractModel
+    reference: Callable
+    gp: Any
+    gd: Any
+    force_reference: Callable
+    gf: Any = 0.0
+    gi: Any = 0.0
+    integral0: Any = None
+    t0: Any = 0.0
+    coordinates: Callable | None = None
+    rtol: float | None = eqx.field(static=True, default=None)
+    tol: float | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        name = type(self).__name__
+        _check_gain(name, "gp", self.gp, allow_zero=False)
+        _check_gain(name, "gd", self.gd, allow_zero=False)
+        _check_gain(name, "gf", self.gf, allow_zero=True)
+        _check_gain(name, "gi", self.gi, allow_zero=True)
+
+    def _decay(self, k: int, dtype):
+        """$K = (I + G_F)^{-1}G_I$."""
+        eye = jnp.eye(k, dtype=dtype)
+        return jnp.linalg.solve(eye + _gain_matrix(self.gf, k, dtype),
+                                _gain_matrix(self.gi, k, dtype))
+
+    def integral(self, t):
+        r"""The integrator state $z(t) = e^{-K(t - t_0)}z_0$ (closed form)."""
+        lam_d = jnp.asarray(self.force_reference(t))
+        dtype = jnp.result_type(lam_d.dtype, float)
+        k = lam_d.shape[0]
+        if self.integral0 is None:
+            return jnp.zeros((k,), dtype)
+        z0 = jnp.broadcast_to(jnp.asarray(self.integral0).astype(dtype), (k,))
+        K = self._decay(k, dtype)
+        dt = jnp.asarray(t).astype(dtype) - jnp.asarray(self.t0).astype(dtype)
+        return jsl.expm(-K * dt) @ z0
+
+    def force_error(self, t):
+        r"""The predicted multiplier error $e_\lambda(t) = \lambda_d - \lambda =
+        -Kz(t)$."""
+        z = self.integral(t)
+        return -self._decay(z.shape[0], z.dtype) @ z
+
+    def commanded_multipliers(self, t):
+        r"""$\lambda_c = \lambda_d + G_Fe_\lambda + G_Iz = \lambda_d - e_\lambda$
+        (eq. 50 with the algebraic loop solved)."""
+        lam_d = jnp.asarray(self.force_reference(t))
+        e = self.force_error(t)
+        return lam_d.astype(e.dtype) - e
+
+    def motion_acceleration(self, t, q, v):
+        r"""The commanded acceleration $u_p$ (eq. 44)."""
+        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
+                                                          self.rtol))
+
+    def generalized_force(self, t, q, v):
+        """The generalized force $f$ (see the class docstring)."""
+        return self._force_and_terms(t, q, v)[0]
+
+    def _force_and_terms(self, t, q, v):
+        r"""$f = f_\parallel + f_\perp = Mu_p - Q - A^T\lambda_c$ (eqs. 43, 49, 52)."""
+        terms = _terms(self.model, t, q, v, self.rtol)
+        u_p = _motion_acceleration(self, t, q, v, terms)
+        x = terms.M @ u_p - terms.Q
+        f_par = terms.pinv.null_project(x)  # eq. 43
+        lam_c = self.commanded_multipliers(t).astype(q.dtype)
+        if lam_c.shape != terms.b.shape:
+            raise ValueError(
+                f"HybridForceMotion: force_reference(t) has shape {lam_c.shape}; "
+                f"the model has {terms.b.shape[0]} constraint rows (A_v)"
+            )
+        f_perp = (x - f_par) - terms.A.T @ lam_c  # eq. 49, cdiff's signs
+        return f_par + f_perp, terms
+
+
+class PassiveJoints(AbstractController):
+    r"""Control with passive (unactuated) coordinates (Aghili eqs. 53-62).
+
+    Wraps a controller whose generalized force $f_0$ (`generalized_force`, e.g.
+    $f_\parallel$ of eq. 43) produces the desired motion, and adds the impotent
+    force $f_\perp = (I - P)\eta$ (eq. 54) that cancels the unactuated
+    components: with $B$ the orthogonal projector onto the actuator space
+    (eq. 53),
+
+    $$Q = I - B - P + BP = (I - B)(I - P), \quad
+      H = -(I - P)Q^+(I - B), \quad f = (I + H)f_0 \qquad (55\text{-}60)$$
+
+    ($\eta = -Q^+(I - B)f_0$, the minimum-norm solution of
+    $Q\eta = -(I - B)f_0$, eq. 57, which also minimises $\|f_\perp\|$). Since
+    $f_\perp \in \mathcal N(A)^\perp$ the motion is unchanged and
+    $(I - B)f = 0$. A force controller's $f_\perp$ is overwritten (constraint
+    force control is generally lost, as the paper notes).
+
+    **Controllability** (eqs. 56, 62). $Q\eta = -(I - B)f_0$ is solvable for every
+    motion iff $\mathcal R((I - B)P) \subseteq \mathcal R((I - B)(I - P))$
+    (eq. 56), which is equivalent to eq. 62,
+    $\mathcal N \cap \mathcal B^\perp \subseteq \mathcal N^\perp \cap
+    \mathcal B^\perp$, i.e. $\mathcal N(A) \cap \mathcal B^\perp = \{0\}$: no
+    admissible motion may move the passive coordinates only ($B$ restricted to
+    $\mathcal N(A)$ is injective). An unconstrained model with a passive
+    coordinate, or no actuated coordinate at all, fails it.
+
+    - Before tracing: `check(t, q)` raises `ValueError` (naming eq. 62) where the
+      condition fails at a concrete state (smallest singular value of $B$ on
+      $\mathcal N(A)$ below `tol`); call it on the initial state. The constructor
+      also rejects, when `actuated` is given, a mask without actuated entries and
+      a passive coordinate on a model without constraints.
+    - At run time: `eqx.error_if` raises where the residual of eq. 55,
+      $\|(I - B)f\|$, exceeds `tol` $\|f_0\|$.
+
+    **Arguments:**
+
+    - `controller`: the motion controller (an [`AbstractController`][]; its
+      `model` is used).
+    - `actuated`: boolean mask of the actuated coordinates, shape `(n,)`:
+      $B = \mathrm{diag}(\text{actuated})$ (eq. 53). Default `None`: the actuator
+      space is the range of `model.input_matrix(t, q)`, $B = EE^+$.
+    - `tol`: relative tolerance of both checks (default 1e-6 in float64).
+    - `rtol`: relative singular-value threshold of the pseudoinverses.
+    """
+
+    controller: AbstractController
+    actuated: Any = eqx.field(default=None, converter=lambda x: None if x is None
+                              else jnp.asarray(x, dtype=bool))
+    tol: float | None = eqx.field(static=True, default=None)
+    rtol: float | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        if self.actuated is None or isinstance(self.actuated, jax.core.Tracer):
+            return
+        mask = np.asarray(self.actuated)
+        if mask.ndim != 1:
+            raise ValueError(
+                f"PassiveJoints: `actuated` must be a 1-D mask, got shape {mask.shape}"
+            )
+        if not mask.any():
+            raise ValueError(
+                "PassiveJoints: `actuated` has no actuated coordinate (B = 0): "
+                "Aghili's controllability condition (eq. 62, N(A) ∩ B⊥ = {0}) fails "
+                "for any model that can move."
+            )
+        if not mask.all():
+            model = self.model
+            q = jax.ShapeDtypeStruct(mask.shape, jnp.result_type(float))
+            t = jax.ShapeDtypeStruct((), jnp.result_type(float))
+            m = jax.eval_shape(model.holonomic, t, q).shape[0]
+            p = jax.eval_shape(model.nonholonomic, t, q, q).shape[0]
+            if m + p == 0:
+                passive = np.flatnonzero(~mask.astype(bool)).tolist()
+                raise ValueError(
+                    f"PassiveJoints: {type(model).__name__} has no constraints, so "
+                    f"the passive coordinates {passive} can move on their own: "
+                    "Aghili's controllability condition (eq. 62, N(A) ∩ B⊥ = {0}, "
+                    "with N(A) = R^n) fails; an unconstrained system needs every "
+                    "coordinate actuated."
+                )
+
+    @property
+    def model(self) -> AbstractModel:
+        """The controlled model (the wrapped controller's)."""
+        return self.controller.model
+
+    def actuator_projector(self, t, q) -> Float[Array, "n n"]:
+        r"""$B$: `diag(actuated)`, or $EE^+$ (the orthogonal projector onto the
+        range of the input matrix)."""
+        n = q.shape[0]
+        if self.actuated is not None:
+            mask = jnp.broadcast_to(jnp.asarray(self.actuated), (n,))
+            return jnp.diag(mask.astype(q.dtype))
+        t = jnp.asarray(t, dtype=q.dtype)
+        E = jnp.asarray(self.model.input_matrix(t, q)).astype(q.dtype)
+        pinv = PseudoInverse(E.T, self.rtol)
+        return E @ jax.vmap(pinv.multipliers)(E).T  # E (E^T E)^+ E^T
+
+    def generalized_force(self, t, q, v):
+        """The generalized force $f$ (see the class docstring)."""
+        return self._force_and_terms(t, q, v)[0]
+
+    def _force_and_terms(self, t, q, v):
+        r"""$f = (I + H)f_0$ (eq. 60), checked against eq. 55's residual."""
+        f0, terms = self.controller._force_and_terms(t, q, v)
+        P = projector(terms.pinv)
+        eye = jnp.eye(q.shape[0], dtype=q.dtype)
+        B = self.actuator_projector(t, q)
+        Qm = (eye - B) @ (eye - P)  # = I - B - P + BP
+        eta = -PseudoInverse(Qm, self.rtol).solve((eye - B) @ f0)  # eq. 57
+        f = f0 + (eye - P) @ eta  # eqs. 54, 58-60
+        tol = _default_tol(q.dtype) if self.tol is None else self.tol
+        residual = jnp.linalg.norm((eye - B) @ f)
+        f = eqx.error_if(
+            f,
+            residual > tol * jnp.linalg.norm(f0),
+            "cdiff.control.PassiveJoints: the passive coordinates cannot be freed of "
+            "force at a state reached by the solver: Aghili's controllability "
+            "condition (eq. 62, N(A) ∩ B⊥ = {0}; eq. 56) fails there (an admissible "
+            "motion moves only passive coordinates). Actuate more coordinates or "
+            "avoid this configuration.",
+        )
+        return f, terms
+
+    def check(self, t, q, v=None) -> None:
+        r"""Raise `ValueError` if eq. 62 fails at the concrete state `(t, q)`
+        (`v`, default zero, matters for nonholonomic constraints only): the
+        smallest singular value of $B$ restricted to $\mathcal N(A)$ (an
+        orthonormal basis from the SVD of $A$, rank threshold `rtol` $\|A\|_F$)
+        must exceed `tol`. Call it outside `jit`, e.g. on the initial state."""
+        q = jnp.asarray(q)
+        if not jnp.issubdtype(q.dtype, jnp.floating):
+            q = q.astype(jnp.result_type(float))
+        v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
+        t = jnp.asarray(t, dtype=q.dtype)
+        A = np.asarray(kinematics(self.model, t, q, v).A_v)
+        B = np.asarray(self.actuator_projector(t, q))
+        n = q.shape[0]
+        rtol = default_rtol(q.dtype) if self.rtol is None else self.rtol
+        if A.shape[0]:
+            _, s, vt = np.linalg.svd(A)
+            rank = int(np.sum(s > rtol * np.linalg.norm(A)))
+            null = vt[rank:].T
+        else:
+            null = np.eye(n)
+        if null.shape[1] == 0:
+            return  # no admissible motion: nothing to control
+        _, s, wt = np.linalg.svd(B @ null)
+        sigma = float(s[-1]) if s.size == null.shape[1] else 0.0
+        tol = _default_tol(q.dtype) if self.tol is None else self.tol
+        if not sigma > tol:
+            direction = null @ wt[-1]
+            direction = direction / np.max(np.abs(direction))
+            raise ValueError(
+                "PassiveJoints: not controllable at "
+                f"t = {float(t):.6g}, q = {np.array2string(np.asarray(q), precision=6)}:"
+                " Aghili's condition eq. 62 (N(A) ∩ B⊥ = {0}, equivalently eq. 56 "
+                "R((I-B)P) ⊆ R((I-B)(I-P))) fails: the admissible motion "
+                f"{np.array2string(direction, precision=4)} moves only passive "
+                f"coordinates (smallest singular value of B on N(A) = {sigma:.3g}, "
+                f"tol = {tol:.3g}). Actuate more coordinates or avoid this "
+                "configuration."
+            )
