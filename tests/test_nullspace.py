@@ -131,21 +131,6 @@ def test_holonomic_errors_decay_as_exp_minus_alpha_t():
     np.testing.assert_allclose(sol.holonomic_residual, expected, atol=1e-9)
 
 
-def test_grad_and_vmap():
-    def slider(l):
-        model = cdiff.models.SliderCrank(l=l)
-        q0, v0 = model.initial_state()
-        sol = cdiff.simulate(model, cdiff.NullSpace(alpha=5.0, dof=1), q0, v0,
-                             t1=0.4, dt=1e-2, saveat=cdiff.SaveAt(t1=True))
-        return model.slider(sol.q[-1])
-
-    value = jax.jit(jax.vmap(slider))  # vmap with a traced q0: dof given
-    g = jax.jit(jax.grad(slider))(jnp.asarray(1.1))
-    h = 1e-5
-    fd = jnp.diff(value(jnp.array([1.1 - h, 1.1 + h])))[0] / (2 * h)
-    np.testing.assert_allclose(g, fd, rtol=1e-5)
-
-
 def test_traced_initial_state_needs_dof():
     model = cdiff.models.SliderCrank()
     q0, v0 = model.initial_state()

@@ -245,13 +245,6 @@ def test_grad_and_vmap_through_the_projection(projection):
     np.testing.assert_allclose(grads[:, 1], fd, rtol=1e-5)
 
 
-def test_forward_mode_through_the_projection():
-    f = functools.partial(_slider, solver=NEWTON, adjoint=diffrax.ForwardMode())
-    jf = jax.jit(jax.jacfwd(f))(jnp.asarray(1.1))
-    g = jax.jit(jax.grad(functools.partial(_slider, solver=NEWTON)))(jnp.asarray(1.1))
-    np.testing.assert_allclose(jf, g, rtol=1e-8)
-
-
 # --- bad input ----------------------------------------------------------------------
 
 

@@ -151,22 +151,6 @@ def test_redundant_constraints_change_nothing():
                                atol=1e-7)
 
 
-def test_grad_and_vmap_through_projection():
-    def slider(l):
-        model = cdiff.models.SliderCrank(l=l)
-        q0, v0 = model.initial_state()
-        sol = cdiff.simulate(model, cdiff.Projection(), q0, v0, t1=1.0, dt=1e-2,
-                             saveat=cdiff.SaveAt(t1=True))
-        return model.slider(sol.q[-1])
-
-    grad = jax.jit(jax.vmap(jax.grad(slider)))
-    ls = jnp.array([0.9, 1.0])
-    g = grad(ls)
-    h = 1e-5
-    fd = (jax.vmap(slider)(ls + h) - jax.vmap(slider)(ls - h)) / (2 * h)
-    np.testing.assert_allclose(g, fd, rtol=1e-5)
-
-
 def test_bad_inertia_name():
     with pytest.raises(ValueError, match="Mc_sym"):
         cdiff.Projection("M_c")
