@@ -203,7 +203,22 @@ class AbstractController(eqx.Module):
                          type(self).__name__)
 
 
-class ProjectedInverseDynamics(AbstractController):
+class _MotionController(AbstractController):
+    """What the motion controllers share: the commanded acceleration $u_p$ of
+    eq. 44 and the force computed with it (`_force_and_terms`)."""
+
+    def motion_acceleration(self, t, q, v):
+        r"""The commanded acceleration $u_p$ (eq. 44; $\ddot q = u_p$ in closed
+        loop)."""
+        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
+                                                          self.rtol))
+
+    def generalized_force(self, t, q, v):
+        """The generalized force $f$ (see the class docstring)."""
+        return self._force_and_terms(t, q, v)[0]
+
+
+class ProjectedInverseDynamics(_MotionController):
     r"""Projected inverse-dynamics motion control (PIDC, Aghili eqs. 43-46), with
     the weighted minimum-norm force of eqs. 47-48.
 
@@ -279,16 +294,6 @@ class ProjectedInverseDynamics(AbstractController):
         _check_gain(name, "gp", self.gp, allow_zero=False)
         _check_gain(name, "gd", self.gd, allow_zero=False)
 
-    def motion_acceleration(self, t, q, v):
-        r"""The commanded acceleration $u_p$ (eq. 44; $\ddot q = u_p$ in closed
-        loop)."""
-        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
-                                                          self.rtol))
-
-    def generalized_force(self, t, q, v):
-        """The generalized force $f$ (see the class docstring)."""
-        return self._force_and_terms(t, q, v)[0]
-
     def _force_and_terms(self, t, q, v):
         r"""$f = P(Mu_p - Q)$ (eq. 43), or its weighted version (eq. 47)."""
         terms = _terms(self.model, t, q, v, self.rtol)
@@ -299,7 +304,7 @@ class ProjectedInverseDynamics(AbstractController):
         return _weighted_projection(self.weight, terms.A, x, self.rtol), terms
 
 
-class HybridForceMotion(AbstractController):
+class HybridForceMotion(_MotionController):
     r"""Hybrid motion/constraint-force control (Aghili eqs. 49-52).
 
     The motion channel is [`cdiff.control.ProjectedInverseDynamics`][]'s $u_p$
@@ -408,15 +413,6 @@ class HybridForceMotion(AbstractController):
         lam_d = jnp.asarray(self.force_reference(t))
         e = self.force_error(t)
         return lam_d.astype(e.dtype) - e
-
-    def motion_acceleration(self, t, q, v):
-        r"""The commanded acceleration $u_p$ (eq. 44)."""
-        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
-                                                          self.rtol))
-
-    def generalized_force(self, t, q, v):
-        """The generalized force $f$ (see the class docstring)."""
-        return self._force_and_terms(t, q, v)[0]
 
     def _force_and_terms(self, t, q, v):
         r"""$f = f_\parallel + f_\perp = Mu_p - Q - A^T\lambda_c$ (eqs. 43, 49, 52)."""
