@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._kinematics import holonomic_jacobian, kinematics, velocity_constraints
+from .._kinematics import kinematics, velocity_constraints
 from .._model import AbstractModel
 from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
 from .lagrange import Lagrange
@@ -226,8 +226,11 @@ class GGL(AbstractDAEFormulation):
         else:
             q, v, w, lam, mu = self._blocks(x)
         qdot, vdot, *_ = self._blocks(xdot)
-        phi, G = holonomic_jacobian(model, t, q)
+        # One Jacobian pass: the holonomic rows of A_v are G (= dPhi_q/dq).
         r_v, A_v = velocity_constraints(model, t, q, v)
+        m = self.sizes[1]
+        phi = jnp.asarray(model.holonomic(jnp.asarray(t, q.dtype), q), q.dtype)
+        G = A_v[:m]
         f = applied_forces(context, t, q, v) + A_v.T @ lam
         kinematic = qdot - v - G.T @ mu
         if self.variant == "mass":
