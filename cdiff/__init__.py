@@ -14,6 +14,8 @@ from ._formulation.dae import AbstractDAEFormulation as AbstractDAEFormulation
 from ._formulation.dae import GGL as GGL
 from ._formulation.dae import IndexOne as IndexOne
 from ._formulation.lagrange import Lagrange as Lagrange
+from ._formulation.nullspace import AbstractStateFeedback as AbstractStateFeedback
+from ._formulation.nullspace import ControlAffine as ControlAffine
 from ._formulation.nullspace import NullSpace as NullSpace
 from ._formulation.projection import Projection as Projection
 from ._formulation.regularized import Regularized as Regularized

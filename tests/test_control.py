@@ -315,3 +315,102 @@ def test_gains_are_validated():
         ProjectedInverseDynamics(ARM, arm_reference, -1.0, GD)
     with pytest.raises(ValueError, match="gi"):
         HybridForceMotion(ARM, arm_reference, GP, GD, lambda_reference, gi=-1.0)
+
+
+# --- Yun & Sarkar: computed-torque state feedback on eq. 28 (NullSpace) -----
+
+def _theta1_output(q):
+    return q[0]
+
+
+def _ct_loss(gp):
+    ctrl = cdiff.control.ComputedTorque(_theta1_output, _theta1_d, gp, GD)
+    sol = cdiff.simulate(ARM, cdiff.NullSpace(alpha=10.0, dof=1), ARM_Q0, ARM_V0,
+                         t1=T1, dt=DT, control=ctrl, saveat=cdiff.SaveAt(
+                             ts=jnp.linspace(0.0, T1, 201)))
+    e = _theta1_d(sol.ts)[0] - sol.q[:, 0]
+    return jnp.mean(e**2), sol
+
+
+_ct_value_and_grad = jax.jit(jax.value_and_grad(_ct_loss, has_aux=True))
+
+
+def test_computed_torque_on_nullspace_tracks_r8_with_pidc_force():
+    """ComputedTorque on x = (q, nu): the output error follows the PD law, and
+    its least-norm input is Aghili's minimum-norm force for the same chart
+    (two derivations, one force), along the whole run."""
+    (loss, sol), grad = _ct_value_and_grad(jnp.asarray(GP))
+    ts = np.asarray(sol.ts)
+    assert np.max(np.abs(_arm_error(sol) - _pd_error(ts))) < 1e-4
+    assert float(sol.max_constraint_error) < 1e-10
+    # The input the state feedback applied, recomputed from the saved states.
+    formulation = cdiff.NullSpace(alpha=10.0, dof=1)
+    ctrl = cdiff.control.ComputedTorque(_theta1_output, _theta1_d, GP, GD)
+    context = Context(ARM, ctrl, jnp.asarray(jnp.nan))
+    pidc = ProjectedInverseDynamics(ARM, arm_reference, GP, GD,
+                                    coordinates=lambda q: q[:1])
+
+    def both(t, x):
+        u = ctrl.feedback(t, formulation.control_affine(t, x, context))
+        q, v = formulation.coordinates(t, x, context)
+        return u, pidc(t, q, v)
+
+    u, f = jax.vmap(both)(sol.ts, sol.state)
+    assert np.max(np.abs(f)) > 10.0
+    np.testing.assert_allclose(u, f, rtol=0, atol=1e-10 * np.max(np.abs(f)))
+    # The gradient of the tracking loss w.r.t. G_P through the state feedback.
+    h = 1e-3
+    lp = float(_ct_value_and_grad(jnp.asarray(GP + h))[0][0])
+    lm = float(_ct_value_and_grad(jnp.asarray(GP - h))[0][0])
+    assert float(grad) < 0
+    assert float(grad) == pytest.approx((lp - lm) / (2 * h), rel=1e-5)
+
+
+def test_computed_torque_tracks_euler_angles_of_the_rolling_sphere():
+    """Nonholonomic (two rolling rows) plus holonomic contact, dof 3: the three
+    Euler angles follow their references with independent PD error laws while the
+    sphere keeps rolling on the large one (input-output linearisation; the
+    system is not input-state linearisable)."""
+    model = cdiff.models.RollingSphere(t_displace=100.0)
+    q0, v0 = model.initial_state()
+    gp, gd = jnp.array([25.0, 36.0, 16.0]), jnp.array([6.0, 6.0, 6.0])
+    y0, dy0 = q0[3:], v0[3:]
+    offset = jnp.array([0.1, -0.05, 0.2])
+
+    def reference(t):  # y_d = y0 + offset + dy0 t + 0.1 sin(t)
+        return (y0 + offset + dy0 * t + 0.1 * jnp.sin(t),
+                dy0 + 0.1 * jnp.cos(t), -0.1 * jnp.sin(t) * jnp.ones(3))
+
+    ctrl = cdiff.control.ComputedTorque(lambda q: q[3:], reference, gp, gd)
+    ts = jnp.linspace(0.0, 1.0, 51)
+    sol = cdiff.simulate(model, cdiff.NullSpace(alpha=10.0, dof=3), q0, v0,
+                         t1=1.0, dt=2e-3, control=ctrl, saveat=cdiff.SaveAt(ts=ts))
+    e = np.asarray(jax.vmap(reference)(ts)[0] - sol.q[:, 3:])
+    de0 = 0.1 * np.ones(3)  # dy_d(0) - dy(0)
+    for i in range(3):
+        expected = _pd_error(np.asarray(ts), float(offset[i]), de0[i],
+                             float(gp[i]), float(gd[i]))
+        assert np.max(np.abs(e[:, i] - expected)) < 1e-4, i
+    assert float(sol.max_constraint_error) < 1e-8
+    assert float(jnp.max(jnp.abs(sol.q[:, 0] - (model.R + model.r)))) < 1e-8
+
+
+def test_state_feedback_needs_nullspace():
+    ctrl = cdiff.control.ComputedTorque(_theta1_output, _theta1_d, GP, GD)
+    with pytest.raises(ValueError, match="NullSpace"):
+        cdiff.simulate(ARM, cdiff.Lagrange(), ARM_Q0, ARM_V0, t1=0.1, dt=DT,
+                       control=ctrl)
+    with pytest.raises(ValueError, match="NullSpace"):
+        ctrl(0.0, ARM_Q0, ARM_V0)
+    with pytest.raises(ValueError, match="gd"):
+        cdiff.control.ComputedTorque(_theta1_output, _theta1_d, GP, 0.0)
+
+
+def test_computed_torque_with_too_many_outputs_stops_with_its_error():
+    # Two outputs for one degree of freedom: the decoupling matrix has rank 1.
+    ctrl = cdiff.control.ComputedTorque(
+        lambda q: q, lambda t: (jnp.array([0.3, TH2 + 0.1]), jnp.zeros(2), jnp.zeros(2)),
+        GP, GD)
+    with pytest.raises(Exception, match="decoupling matrix"):
+        cdiff.simulate(ARM, cdiff.NullSpace(dof=1), ARM_Q0, ARM_V0, t1=0.01, dt=DT,
+                       control=ctrl)

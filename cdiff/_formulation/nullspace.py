@@ -2,16 +2,66 @@
 
 from __future__ import annotations
 
+import abc
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jaxtyping import Array, Float
 
 from .._kinematics import kinematics
 from .._linalg import PseudoInverse, default_rtol
 from .._model import AbstractModel
 from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
 from .projection import projector
+
+
+class ControlAffine(eqx.Module):
+    r"""Yun & Sarkar's control-affine state equation (eq. 28) at one state
+    $x = (q, \nu)$ of [`cdiff.NullSpace`][]:
+
+    $$\dot q = S\nu + \eta, \qquad \dot\nu = f_\nu(x) + g_\nu(x)\,u, \qquad
+      \ddot q = S\dot\nu + \gamma,$$
+
+    with $f_\nu = (S^TMS)^{-1}S^T(Q - M\gamma)$ and $g_\nu = (S^TMS)^{-1}S^TE$.
+    This is what a [`cdiff.AbstractStateFeedback`][] controller receives.
+
+    **Fields:** `q`, `nu` (the state), `qdot` ($S\nu + \eta$), `S` (the null-space
+    basis, `(n, dof)`), `gamma` ($\dot S\nu + \dot\eta$), `drift` ($f_\nu$) and
+    `gain` ($g_\nu$, `(dof, p)` for `p` inputs).
+    """
+
+    q: Float[Array, " n"]
+    nu: Float[Array, " dof"]
+    qdot: Float[Array, " n"]
+    S: Float[Array, "n dof"]
+    gamma: Float[Array, " n"]
+    drift: Float[Array, " dof"]
+    gain: Float[Array, "dof p"]
+
+
+class AbstractStateFeedback(eqx.Module):
+    r"""A state-feedback controller $u = u(t, x)$ on Yun & Sarkar's control-affine
+    form $\dot x = f(x) + g(x)u$ (eq. 28), for [`cdiff.NullSpace`][].
+
+    Pass it to [`cdiff.simulate`][] as `control=` with `NullSpace`: at every
+    evaluation of the vector field, `NullSpace` calls `feedback(t, system)` with
+    the [`cdiff.ControlAffine`][] terms at the current state $(q, \nu)$ and
+    applies $E(t, q)u$. Subclasses implement `feedback`; see
+    [`cdiff.control.ComputedTorque`][].
+    """
+
+    @abc.abstractmethod
+    def feedback(self, t, system: ControlAffine) -> Float[Array, " p"]:
+        """The input $u$ at time `t` and state `system` (a `ControlAffine`)."""
+
+    def __call__(self, t, q, v):
+        raise ValueError(
+            f"cdiff: {type(self).__name__} is a state-feedback controller on "
+            "Yun-Sarkar's null-space state (q, nu): simulate it with "
+            "formulation=cdiff.NullSpace(...), which calls its `feedback`."
+        )
 
 
 class NullSpace(AbstractFormulation):
@@ -29,7 +79,11 @@ class NullSpace(AbstractFormulation):
       \qquad \gamma = \dot S\nu + \dot\eta,$$
 
     exposed as `f(x)` and `g(x)` ([`cdiff.NullSpace.f`][], [`cdiff.NullSpace.g`][])
-    for controller design. ($Q$ carries $-V - G$ of the paper.)
+    and, term by term, as [`cdiff.ControlAffine`][] (`control_affine`) for
+    controller design. ($Q$ carries $-V - G$ of the paper.) A state-feedback
+    controller $u(t, x)$ ([`cdiff.AbstractStateFeedback`][], e.g.
+    [`cdiff.control.ComputedTorque`][]) passed as `simulate(..., control=...)`
+    receives these terms at every evaluation.
 
     **The basis $S$.** The paper takes the first columns of $U$ in the SVD of
     $H = I - A^+A$ (eqs. 33-35) at every step and warns that the choice can jump.
@@ -188,31 +242,49 @@ class NullSpace(AbstractFormulation):
         )
         return S, qdot, gamma, M, chol, pinv
 
-    def f(self, t, x, context: Context):
-        """The drift $f(x)$ of $\\dot x = f(x) + g(x)u$ (eq. 28), without control."""
+    def control_affine(self, t, x, context: Context) -> ControlAffine:
+        r"""The terms of the control-affine state equation (eq. 28) at the state
+        `x = (q, nu, R)`: $\dot q = S\nu + \eta$,
+        $\dot\nu = f_\nu(x) + g_\nu(x)u$ (see [`cdiff.ControlAffine`][])."""
         q, nu, R = x
         S, qdot, gamma, M, chol, _ = self._terms(t, q, nu, R, context)
-        Q = context.model.forces(t, q, qdot)
-        nudot = jax.scipy.linalg.cho_solve((chol, True), S.T @ (Q - M @ gamma))
-        return qdot, nudot, jnp.zeros_like(R)
+        model = context.model
+        Q = model.forces(t, q, qdot)
+        E = model.input_matrix(t, q)
+        drift = jax.scipy.linalg.cho_solve((chol, True), S.T @ (Q - M @ gamma))
+        gain = jax.scipy.linalg.cho_solve((chol, True), S.T @ E)
+        return ControlAffine(q, nu, qdot, S, gamma, drift, gain)
+
+    def f(self, t, x, context: Context):
+        r"""The drift $f(x)$ of $\dot x = f(x) + g(x)u$ (eq. 28), without control,
+        as `(qdot, nudot, zeros)` matching `x = (q, nu, R)`."""
+        sys = self.control_affine(t, x, context)
+        return sys.qdot, sys.drift, jnp.zeros_like(x[2])
 
     def g(self, t, x, context: Context):
         """The input matrix $g(x)$ of eq. 28, as `(zeros (nq, nu), (S^TMS)^{-1}S^TE,
         zeros)` matching `x = (q, nu, R)`."""
-        q, nu, R = x
-        S, _, _, _, chol, _ = self._terms(t, q, nu, R, context)
-        E = context.model.input_matrix(t, q)
+        q, _, R = x
+        gain = self.control_affine(t, x, context).gain
+        p = gain.shape[1]
         return (
-            jnp.zeros((q.shape[0], E.shape[1]), q.dtype),
-            jax.scipy.linalg.cho_solve((chol, True), S.T @ E),
-            jnp.zeros(R.shape + (E.shape[1],), q.dtype),
+            jnp.zeros((q.shape[0], p), q.dtype),
+            gain,
+            jnp.zeros(R.shape + (p,), q.dtype),
         )
 
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen
         q, nu, R = y
         S, qdot, gamma, M, chol, pinv = self._terms(t, q, nu, R, context)
-        F = applied_forces(context, t, q, qdot)
+        if isinstance(context.control, AbstractStateFeedback):
+            # State feedback u(t, x) on eq. 28 (computed once per evaluation).
+            sys = self.control_affine(t, y, context)
+            u = jnp.asarray(context.control.feedback(t, sys), dtype=q.dtype)
+            model = context.model
+            F = model.forces(t, q, qdot) + model.input_matrix(t, q) @ u
+        else:
+            F = applied_forces(context, t, q, qdot)
         nudot = jax.scipy.linalg.cho_solve((chol, True), S.T @ (F - M @ gamma))
         force = M @ (S @ nudot + gamma) - F  # in the row space of A
         rate = (qdot, nudot, jnp.zeros_like(R))
