@@ -21,6 +21,7 @@ from ._model import AbstractModel, check_model, has_energy
 from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, DAEResults, bdf_solve
 from ._solver.frozen import FrozenStep
+from ._solver.grid import UniformGrid
 from ._solver.rk4 import RK4
 
 
@@ -202,7 +203,6 @@ def simulate(
     if stepsize_controller is None:
         stepsize_controller = diffrax.ConstantStepSize()
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
-    grid_steps = None
     if _is_concrete((t0, t1, dt)):
         if not float(dt) > 0:
             raise ValueError(f"dt must be positive, got dt={float(dt)}")
@@ -210,10 +210,8 @@ def simulate(
             raise ValueError(f"t0 and t1 must be finite, got t0={t0}, t1={t1}")
         if not float(t1) > float(t0):
             raise ValueError(f"t1 must be greater than t0, got t0={t0}, t1={t1}")
-        n = constant_steps(t0, t1, dt)
-        if constant and not isinstance(solver, BDF):
-            grid_steps = n
         if max_steps is None:
+            n = constant_steps(t0, t1, dt)
             if isinstance(solver, BDF):
                 max_steps = _BDF_MAX_STEPS  # its steps do not follow dt
             else:
@@ -276,7 +274,6 @@ def simulate(
         model, formulation, control, q0, v0, *times,
         solver=solver, saveat=saveat, stepsize_controller=stepsize_controller,
         adjoint=adjoint, max_steps=max_steps, throw=throw, progress=progress,
-        grid_steps=grid_steps,
     )
 
 
@@ -287,27 +284,19 @@ def _floats_to_arrays(tree):
 @eqx.filter_jit
 def _simulate(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
-    stepsize_controller, adjoint, max_steps, throw, progress, grid_steps,
+    stepsize_controller, adjoint, max_steps, throw, progress,
 ):
     dtype = q0.dtype
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
     q0, t1, dt, context = _checked_context(model, formulation, control, q0, v0,
                                            t0, t1, dt)
-    if constant:
-        # diffrax takes its first step of `dt0` and the rest on the uniform grid of
-        # ceil(T/dt) steps; pass the uniform step so that every step is the same.
-        dt = (t1 - t0) / jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
     dt0 = dt
-    if grid_steps is not None:
-        # The same uniform grid, as explicit step times (diffrax.StepTo). Step
-        # times that are looked up, not accumulated, are bit-identical when
-        # RecursiveCheckpointAdjoint recomputes a step; with ConstantStepSize a
-        # save time within round-off of a step end could be assigned to different
-        # steps in the forward and the recomputed pass, and reverse-mode
-        # gradients of SaveAt(ts) outputs came out wrong by up to 27%
-        # (tests/test_transformations.py::test_grad_of_saveat_ts_on_the_step_grid).
-        grid = t0 + (t1 - t0) * (jnp.arange(grid_steps + 1, dtype=dtype) / grid_steps)
-        stepsize_controller = diffrax.StepTo(ts=grid.at[-1].set(t1))
+    if constant:
+        # Steps of T / ceil(T / dt) to times read from a grid computed once, so
+        # that a step recomputed for reverse mode has bit-identical times (see
+        # UniformGrid); `dt` becomes the step actually taken.
+        stepsize_controller = UniformGrid.build(t0, t1, dt, max_steps + 1)
+        dt = (t1 - t0) / jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
         dt0 = None
     y0 = formulation.init_state(t0, q0, v0, context)
     # A zero placeholder for the per-step data (see FrozenStep).
