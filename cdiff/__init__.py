@@ -8,6 +8,7 @@ from . import analysis as analysis
 from . import control as control
 from . import models as models
 from . import studies as studies
+from ._animate import animate as animate
 from ._formulation.base import AbstractFormulation as AbstractFormulation
 from ._formulation.base import Dynamics as Dynamics
 from ._formulation.dae import AbstractDAEFormulation as AbstractDAEFormulation
@@ -23,6 +24,7 @@ from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
 from ._kinematics import Kinematics as Kinematics, kinematics as kinematics
 from ._model import AbstractModel as AbstractModel
 from ._simulate import Solution as Solution, simulate as simulate
+from ._sketch import Sketch as Sketch
 from ._solver.bdf import BDF as BDF, DAEResults as DAEResults
 from ._solver.projected import (
     AbstractProjection as AbstractProjection,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import diffrax
@@ -94,6 +95,16 @@ class Solution(eqx.Module):
         if self.energy is None:
             return jnp.asarray(jnp.nan)
         return _finite_max(jnp.abs(self.energy - self.energy[..., :1]))
+
+    def animate(self, model: AbstractModel, path, **kwargs) -> Path:
+        """Write a GIF or MP4 of the motion: `cdiff.animate(model, self, path,
+        **kwargs)` (see [`cdiff.animate`][] for the arguments). Only outside `jit`.
+
+        **Returns:** the `pathlib.Path` written.
+        """
+        from ._animate import animate  # lazily: _animate imports this module
+
+        return animate(model, self, path, **kwargs)
 
 
 def _finite_max(x):

@@ -4,6 +4,8 @@
 cdiff list
 cdiff run slider-crank [--formulation udwadia-kalaba|lagrange|...] [--dt DT] [--t1 T] ...
 cdiff run planar-arm-on-curve --formulation ggl [--rtol R --atol A]
+cdiff study step-size slider-crank [--dts DT ...] [--t1 T] [--out DIR]
+cdiff study gains slider-crank [--formulation lagrange|null-space] [--alphas A ...]
 ```
 
 `cdiff run` simulates a reference model from its paper's initial state, compares it
@@ -30,6 +32,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cdiff
+from cdiff import _cli_study
 from cdiff._model import has_energy as model_has_energy
 from cdiff.models import MODELS
 
@@ -145,6 +148,10 @@ def _parser() -> argparse.ArgumentParser:
                      help="simulate in float32 (the reference stays in float64)")
     run.add_argument("--no-progress", action="store_true",
                      help="no progress bar (shown by default when stderr is a terminal)")
+    run.add_argument("--animate", nargs="?", const=True, metavar="PATH",
+                     help="also write an animation of the motion: DIR/MODEL.gif, or "
+                     "PATH (.gif or .mp4, which needs ffmpeg); planar models only")
+    _cli_study.add_parser(sub, _number)
     return parser
 
 
@@ -236,6 +243,7 @@ def _run(args, parser) -> int:
     if args.curve is not None and args.model != "planar-arm-on-curve":
         parser.error("--curve applies to planar-arm-on-curve only")
     model = MODELS[args.model](*(() if args.curve is None else (args.curve,)))
+    animation_path = _animation_path(args, parser, model)
     formulation = _formulation(args, parser)
     has_energy = model_has_energy(model)
     if args.energy_correction and not has_energy:
@@ -372,11 +380,38 @@ def _run(args, parser) -> int:
         _plot(png_path, data, names, f"{args.model}, {formulation}, {step}")
     print(f"wrote {png_path}")
     print(f"wrote {npz_path}")
+    if animation_path is not None:
+        title = f"{args.model}, {args.formulation}"
+        print(f"wrote {cdiff.animate(model, sol, animation_path, title=title)}")
     if sol.message:
         print(f"cdiff: warning: the solve stopped early at t = {ts[-1]:g}: "
               f"{sol.message}", file=sys.stderr)
         return 1
     return 0
+
+
+def _animation_path(args, parser, model) -> Path | None:
+    """Where `--animate` asks for the animation (`None` without it): DIR/MODEL.gif,
+    or the path given; `parser.error` before the run for a model without a sketch,
+    another suffix than .gif or .mp4, or .mp4 without ffmpeg."""
+    if args.animate is None:
+        return None
+    if not callable(getattr(model, "sketch", None)):
+        parser.error(f"--animate: {args.model} is not a planar model (it has no "
+                     "sketch)")
+    if args.animate is True:
+        return args.out / f"{args.model}.gif"
+    path = Path(args.animate)
+    suffix = path.suffix.lower()
+    if suffix not in (".gif", ".mp4"):
+        parser.error(f"--animate: {args.animate!r} must end in .gif or .mp4")
+    if suffix == ".mp4":
+        from matplotlib.animation import FFMpegWriter
+
+        if not FFMpegWriter.isAvailable():
+            parser.error("--animate: writing .mp4 needs ffmpeg, which was not found "
+                         "on the PATH; write a .gif instead")
+    return path
 
 
 def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:
@@ -426,6 +461,9 @@ def main(argv: list[str] | None = None) -> int:
     # The references are float64; --float32 only casts the simulated state.
     jax.config.update("jax_enable_x64", True)
     try:
+        if args.command == "study":
+            _cli_study.check(args, args.parser)
+            return _cli_study.run(args)
         return _run(args, args.parser)
     except ValueError as e:
         print(f"cdiff: error: {e}", file=sys.stderr)

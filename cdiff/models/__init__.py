@@ -5,6 +5,7 @@ parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` an
 from ._double_four_bar import DoubleFourBar as DoubleFourBar
 from ._particle_on_circle import ParticleOnCircle as ParticleOnCircle
 from ._planar_arm_on_curve import PlanarArmOnCurve as PlanarArmOnCurve
+from ._reference import MinimalODE as MinimalODE
 from ._reference import Reference as Reference
 from ._rolling_sphere import RollingSphere as RollingSphere
 from ._slider_crank import SliderCrank as SliderCrank

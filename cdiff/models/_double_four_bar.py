@@ -9,7 +9,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._model import AbstractModel
-from ._reference import Reference, solve_minimal
+from .._sketch import Sketch, pivot, stack_points
+from ._reference import MinimalODE, Reference, solve_minimal
 
 # M / m: three ground-pivoted cranks (each m l^2/3 about its pivot, i.e. m/3 at
 # its tip) and two couplers (m/6 [[2, 1], [1, 2]] on their two end points),
@@ -110,6 +111,21 @@ class DoubleFourBar(AbstractModel):
 
     observable_names: ClassVar[tuple[str, ...]] = ("x3 [m]", "y3 [m]")
 
+    def sketch(self, q) -> Sketch:
+        """The drawing of `q` for [`cdiff.animate`][]: points `[pivot 1, pivot 2,
+        pivot 3, joint 1, joint 2, joint 3]` (pivots at $x = 0, l, 2l$), links: the
+        three cranks `(i, i + 3)` and the two couplers `(3, 4)`, `(4, 5)`, all of
+        length `l` on the constraints."""
+        x1, y1, x2, y2, x3, y3 = q
+        z = jnp.zeros_like(x1)
+        points = stack_points((z, z), (z + self.l, z), (z + 2 * self.l, z),
+                              (x1, y1), (x2, y2), (x3, y3))
+        return Sketch(points, ((0, 3), (1, 4), (2, 5), (3, 4), (4, 5)))
+
+    def scenery(self) -> list[np.ndarray]:
+        """The three ground pivots."""
+        return [pivot(i * float(self.l), 0.0) for i in range(3)]
+
     def reference(self, ts, theta0=None, omega0=None):
         """Exact solution at `ts`, mapped to the six joint coordinates.
 
@@ -119,17 +135,33 @@ class DoubleFourBar(AbstractModel):
         $-1/l$). The start must be a parallelogram state (all joints offset and
         moving alike), as the paper's is.
         """
-        q0, v0 = self.initial_state()
-        if theta0 is None:
-            theta0 = jnp.arctan2(q0[1], q0[0])
-        if omega0 is None:
-            omega0 = (q0[0] * v0[1] - q0[1] * v0[0]) / (q0[0] ** 2 + q0[1] ** 2)
-        y0 = jnp.stack([jnp.asarray(theta0), jnp.asarray(omega0)]).astype(jnp.float64)
-        g_over_l = jnp.asarray(self.g / self.l, dtype=jnp.float64)
-        th, om = solve_minimal(_rhs, y0, ts, g_over_l).T
-        l = jnp.asarray(self.l, dtype=jnp.float64)
-        c, s = l * jnp.cos(th), l * jnp.sin(th)
-        dx, dy = -s * om, c * om
-        q = jnp.stack([c, s, l + c, s, 2 * l + c, s], axis=-1)
-        v = jnp.stack([dx, dy, dx, dy, dx, dy], axis=-1)
+        ode = self.minimal_ode()
+        y0 = ode.y0
+        if theta0 is not None:
+            y0 = y0.at[0].set(theta0)
+        if omega0 is not None:
+            y0 = y0.at[1].set(omega0)
+        q, v = self.minimal_state(solve_minimal(_rhs, y0.astype(jnp.float64), ts,
+                                                ode.args.astype(jnp.float64)))
         return Reference(jnp.asarray(ts), q, v)
+
+    def minimal_ode(self) -> MinimalODE:
+        """$\\ddot\\theta + (7g/6l)\\cos\\theta = 0$ for $y = (\\theta, \\dot\\theta)$
+        of the base link, from `initial_state()` (see `reference`): the
+        unconstrained formulation of Figs. 6-7."""
+        q0, v0 = self.initial_state()
+        theta0 = jnp.arctan2(q0[1], q0[0])
+        omega0 = (q0[0] * v0[1] - q0[1] * v0[0]) / (q0[0] ** 2 + q0[1] ** 2)
+        dtype = jnp.result_type(float)
+        return MinimalODE(_rhs, jnp.stack([theta0, omega0]).astype(dtype),
+                          jnp.asarray(self.g / self.l, dtype), self.minimal_state)
+
+    def minimal_state(self, y):
+        """`(q, v)` of the parallelogram motion from $y = (\\theta, \\dot\\theta)$
+        (leading axes allowed)."""
+        th, om = y[..., 0], y[..., 1]
+        c, s = self.l * jnp.cos(th), self.l * jnp.sin(th)
+        dx, dy = -s * om, c * om
+        q = jnp.stack([c, s, self.l + c, s, 2 * self.l + c, s], axis=-1)
+        v = jnp.stack([dx, dy, dx, dy, dx, dy], axis=-1)
+        return q, v

@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import jax.numpy as jnp
+import numpy as np
 
 from .._model import AbstractModel
+from .._sketch import Sketch, circle, pivot, stack_points
 from ._reference import Reference, solve_minimal
 
 
@@ -73,6 +75,16 @@ class ParticleOnCircle(AbstractModel):
         return q[..., :2]
 
     observable_names: ClassVar[tuple[str, ...]] = ("q1 [m]", "q2 [m]")
+
+    def sketch(self, q) -> Sketch:
+        """The drawing of `q` for [`cdiff.animate`][]: points `[centre, particle]`,
+        joined by a radius (of length `rho` on the constraint)."""
+        z = jnp.zeros_like(q[0])
+        return Sketch(stack_points((z, z), (q[0], q[1])), ((0, 1),))
+
+    def scenery(self) -> list[np.ndarray]:
+        """The circle and its centre."""
+        return [circle((0.0, 0.0), self.rho), pivot(0.0, 0.0)]
 
     def reference(self, ts, phi0=None, omega0=None):
         """Exact solution in the angle at `ts`, mapped to $q$ and $\\dot q$.

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._model import AbstractModel, check_positive
+from .._sketch import Sketch, circle, pivot, segment, stack_points
 from ._reference import Reference, solve_minimal
 
 #: The curves of Sec. 5.2 as coefficients $(c_2, c_x, c_y, c_0)$ of
@@ -469,6 +470,39 @@ class PlanarArmOnCurve(AbstractModel):
         return q[..., :2]
 
     observable_names: ClassVar[tuple[str, ...]] = ("theta1 [rad]", "theta2 [rad]")
+
+    def sketch(self, q) -> Sketch:
+        """The drawing of `q` for [`cdiff.animate`][]: points `[base, elbow, end
+        effector]`, links `(0, 1)` of length `l1` and `(1, 2)` of length `l2`. On
+        the constraint the end effector is on the curve."""
+        th1, th12 = q[0], q[0] + q[1]
+        z = jnp.zeros_like(th1)
+        xe, ye = self.l1 * jnp.cos(th1), self.l1 * jnp.sin(th1)
+        points = stack_points((z, z), (xe, ye), (xe + self.l2 * jnp.cos(th12),
+                                                 ye + self.l2 * jnp.sin(th12)))
+        return Sketch(points, ((0, 1), (1, 2)))
+
+    def scenery(self) -> list[np.ndarray]:
+        r"""The base pivot and the curve $\phi(x, y) = 0$ of `coefficients`: a
+        circle, or the part of a line within 1.1 times the arm's reach
+        $l_1 + l_2$ (nothing for an empty curve)."""
+        c2, cx, cy, c0 = (float(c) for c in np.asarray(self.coefficients))
+        reach = float(self.l1) + float(self.l2)
+        curve = []
+        if c2 != 0.0:
+            centre = (-cx / (2 * c2), -cy / (2 * c2))
+            radius2 = (cx**2 + cy**2) / (4 * c2**2) - c0 / c2
+            if radius2 > 0.0:
+                curve = [circle(centre, np.sqrt(radius2))]
+        elif cx != 0.0 or cy != 0.0:
+            norm = np.hypot(cx, cy)
+            foot = np.array([cx, cy]) * (-c0 / norm**2)  # the point nearest the base
+            along = np.array([-cy, cx]) / norm
+            distance = abs(c0) / norm
+            chord = np.sqrt(max(reach**2 - distance**2, 0.0))  # the reachable part
+            half = 1.1 * (chord if distance < reach else reach)
+            curve = [segment(foot - half * along, foot + half * along)]
+        return [*curve, pivot(0.0, 0.0)]
 
     def reference(self, ts):
         """Exact solution at `ts` from `initial_state()` (class docstring): at rest

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import diffrax
 import equinox as eqx
 import jax
@@ -15,6 +18,21 @@ class Reference(eqx.Module):
     ts: Float[Array, " T"]
     q: Float[Array, "T nq"]
     v: Float[Array, "T nq"]
+
+
+class MinimalODE(eqx.Module):
+    r"""A model's motion as an ODE in minimal coordinates, $\dot y = $
+    `rhs(t, y, args)` from `y0`, with `state(y) -> (q, v)` mapping a minimal state
+    back to the model's coordinates. Returned by the `minimal_ode()` method of the
+    reference models that have one (the ODE their exact reference solves);
+    [`cdiff.studies.step_size_study`][] integrates it with the same solver and
+    steps as the constrained formulations (Braun-Goldfarb Fig. 4(d)'s baseline).
+    """
+
+    rhs: Callable = eqx.field(static=True)
+    y0: Float[Array, " k"]
+    args: Any
+    state: Callable
 
 
 def _require_x64(what: str) -> None:

@@ -5,9 +5,11 @@ from __future__ import annotations
 from typing import ClassVar
 
 import jax.numpy as jnp
+import numpy as np
 
 from .._model import AbstractModel
-from ._reference import Reference, solve_minimal
+from .._sketch import Sketch, pivot, segment, stack_points
+from ._reference import MinimalODE, Reference, solve_minimal
 
 
 class SliderCrank(AbstractModel):
@@ -81,17 +83,50 @@ class SliderCrank(AbstractModel):
 
     observable_names: ClassVar[tuple[str, ...]] = ("slider x_s [m]",)
 
+    def sketch(self, q) -> Sketch:
+        """The drawing of `q` for [`cdiff.animate`][]: each link from its own centre
+        and angle, points `[crank start, crank end, rod start, rod end]` (the
+        slider), links `(0, 1)` and `(2, 3)` of length `l`. On the constraints the
+        crank starts at the origin, the crank's end is the rod's start and the
+        slider is on $y = 0$."""
+        h = self.l / 2
+        x1, y1, th1, x2, y2, th2 = q
+        c1, s1 = h * jnp.cos(th1), h * jnp.sin(th1)
+        c2, s2 = h * jnp.cos(th2), h * jnp.sin(th2)
+        points = stack_points((x1 - c1, y1 - s1), (x1 + c1, y1 + s1),
+                              (x2 - c2, y2 - s2), (x2 + c2, y2 + s2))
+        return Sketch(points, ((0, 1), (2, 3)))
+
+    def scenery(self) -> list[np.ndarray]:
+        """The crank's pivot and the slider's track $y = 0$, $|x| \\le 2.2\\,l$."""
+        reach = 2.2 * float(self.l)
+        return [segment((-reach, 0.0), (reach, 0.0)), pivot(0.0, 0.0)]
+
     def reference(self, ts, theta0=jnp.pi / 4, omega0=0.0):
         """Exact solution (eq. 24) at `ts`, mapped to the six absolute coordinates."""
         y0 = jnp.stack([jnp.asarray(theta0, float), jnp.asarray(omega0, float)])
-        th, om = solve_minimal(_minimal_rhs, y0, ts, args=self.g / self.l).T
+        q, v = self.minimal_state(solve_minimal(_minimal_rhs, y0, ts,
+                                                args=self.g / self.l))
+        return Reference(jnp.asarray(ts), q, v)
+
+    def minimal_ode(self) -> MinimalODE:
+        r"""Eq. 24 for $y = (\theta_1, \dot\theta_1)$ from the paper's start
+        ($\pi/4$, at rest): the unconstrained formulation of Fig. 4(d)."""
+        dtype = jnp.result_type(float)
+        return MinimalODE(_minimal_rhs, jnp.array([jnp.pi / 4, 0.0], dtype),
+                          jnp.asarray(self.g / self.l, dtype), self.minimal_state)
+
+    def minimal_state(self, y):
+        r"""`(q, v)` of the branch $\theta_2 = -\theta_1$ from $y = (\theta_1,
+        \dot\theta_1)$ (leading axes allowed)."""
+        th, om = y[..., 0], y[..., 1]
         h = self.l / 2
         c, s = jnp.cos(th), jnp.sin(th)
         q = jnp.stack([h * c, h * s, th, 3 * h * c, h * s, -th], axis=-1)
         v = jnp.stack(
             [-h * s * om, h * c * om, om, -3 * h * s * om, h * c * om, -om], axis=-1
         )
-        return Reference(jnp.asarray(ts), q, v)
+        return q, v
 
 
 def _minimal_rhs(t, y, g_over_l):

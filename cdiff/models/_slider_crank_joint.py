@@ -5,8 +5,10 @@ from __future__ import annotations
 from typing import ClassVar
 
 import jax.numpy as jnp
+import numpy as np
 
 from .._model import AbstractModel, check_positive
+from .._sketch import Sketch, pivot, segment, stack_points
 from ._reference import Reference, solve_minimal
 
 
@@ -143,6 +145,22 @@ class SliderCrankJoint(AbstractModel):
         return self.slider(q)[..., None]
 
     observable_names: ClassVar[tuple[str, ...]] = ("slider x_C [m]",)
+
+    def sketch(self, q) -> Sketch:
+        """The drawing of `q` for [`cdiff.animate`][]: points `[pivot, elbow, C]`
+        (the two point masses at the link ends), links `(0, 1)` and `(1, 2)` of
+        length `l`. On the constraint C is on $y = 0$."""
+        q1, q12 = q[0], q[0] + q[1]
+        z = jnp.zeros_like(q1)
+        xa, ya = self.l * jnp.cos(q1), self.l * jnp.sin(q1)
+        points = stack_points((z, z), (xa, ya),
+                              (xa + self.l * jnp.cos(q12), ya + self.l * jnp.sin(q12)))
+        return Sketch(points, ((0, 1), (1, 2)))
+
+    def scenery(self) -> list[np.ndarray]:
+        """The crank's pivot and the slider's track $y = 0$, $|x| \\le 2.2\\,l$."""
+        reach = 2.2 * float(self.l)
+        return [segment((-reach, 0.0), (reach, 0.0)), pivot(0.0, 0.0)]
 
     def reference(self, ts, q1=None, w1=None):
         """Exact solution at `ts` on the paper's branch, mapped to $(q, \\dot q)$.

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._model import AbstractModel, check_positive
+from .._sketch import Sketch
 from ._reference import Reference, solve_minimal
 
 
@@ -193,6 +194,30 @@ class Snakeboard(AbstractModel):
         return q[..., :3]
 
     observable_names: ClassVar[tuple[str, ...]] = ("x [m]", "y [m]", "theta [rad]")
+
+    def sketch(self, q) -> Sketch:
+        """The drawing of `q` for [`cdiff.animate`][], seen from above: points
+        `[back axle, centre of mass, front axle]` (the coupler, links `(0, 1)` and
+        `(1, 2)` of length `l`), then the ends of the back and the front wheel
+        axles, `(3, 4)` and `(5, 6)`, each of length `l` across its wheels'
+        rolling direction $\\theta + \\phi_{b,f}$, and of a bar on the rotor,
+        `(7, 8)` of length `0.8 l` at angle $\\theta + \\psi$. No scenery (the
+        ground is flat)."""
+        x, y, theta, psi, phi_b, phi_f = q
+        l = self.l
+        heading = jnp.stack([jnp.cos(theta), jnp.sin(theta)])
+        centre = jnp.stack([x, y])
+        back, front = centre - l * heading, centre + l * heading
+
+        def across(at, angle, half):
+            d = half * jnp.stack([-jnp.sin(angle), jnp.cos(angle)])
+            return at - d, at + d
+
+        rotor = across(centre, theta + psi - jnp.pi / 2, 0.4 * l)
+        points = jnp.stack([back, centre, front,
+                            *across(back, theta + phi_b, 0.5 * l),
+                            *across(front, theta + phi_f, 0.5 * l), *rotor])
+        return Sketch(points, ((0, 1), (1, 2), (3, 4), (5, 6), (7, 8)))
 
     def reference(self, ts, q0=None, v0=None):
         """Tight-tolerance solution at `ts` of the index-1 multiplier form (see the

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from .._model import AbstractModel, check_positive
+from .._sketch import Sketch, circle, pivot, stack_points
 from ._reference import Reference, solve_minimal
 
 
@@ -173,6 +174,26 @@ class TwoLinkOnCircle(AbstractModel):
         return q[..., jnp.array([0, 3])]
 
     observable_names: ClassVar[tuple[str, ...]] = ("theta1 [rad]", "theta2 [rad]")
+
+    def sketch(self, q) -> Sketch:
+        """The drawing of `q` for [`cdiff.animate`][]: points `[pivot, end of link 1,
+        start of link 2, end point]`, links `(0, 1)` of length `l1` and `(2, 3)` of
+        length `l2`, each from its own coordinates. On the constraints the two
+        links meet ($p_A = p_B$) and the end point is on the circle of radius
+        `l3`."""
+        th1, x2, y2, th2 = q
+        z = jnp.zeros_like(th1)
+        c2, s2 = jnp.cos(th2), jnp.sin(th2)
+        r = self.l2 - self.lc2
+        points = stack_points(
+            (z, z), (self.l1 * jnp.cos(th1), self.l1 * jnp.sin(th1)),
+            (x2 - self.lc2 * c2, y2 - self.lc2 * s2), (x2 + r * c2, y2 + r * s2),
+        )
+        return Sketch(points, ((0, 1), (2, 3)))
+
+    def scenery(self) -> list[np.ndarray]:
+        """The base pivot and the circle of radius `l3` the end point must follow."""
+        return [circle((0.0, 0.0), self.l3), pivot(0.0, 0.0)]
 
     def reference(self, ts, theta0=None, omega0=None, torque=0.0):
         """Exact solution at `ts` from the consistent start (or from `theta0`,

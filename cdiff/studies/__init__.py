@@ -1,6 +1,13 @@
-"""Studies built on `cdiff.simulate`: gradient-based tuning of controllers and
-identification of model parameters (optax)."""
+"""Studies built on `cdiff.simulate`: batched accuracy studies over step sizes and
+stabilisation gains (one `jax.vmap`ped call each), gradient-based tuning of
+controllers and identification of model parameters (optax)."""
 
 from ._fit import Fit as Fit
 from ._fit import identify as identify
 from ._fit import tune as tune
+from ._sweeps import GainSweep as GainSweep
+from ._sweeps import Minimal as Minimal
+from ._sweeps import StepSizeStudy as StepSizeStudy
+from ._sweeps import gain_sweep as gain_sweep
+from ._sweeps import step_size_study as step_size_study
+from ._table import Table as Table

@@ -1,0 +1,83 @@
+"""The step-size study of R2 in one vmapped call per formulation, and what the
+batching costs (issue 6's acceptance).
+
+    python benchmarks/studies.py [--t1 10] [--record]
+
+R2 (slider-crank), RK4, float64, eight step sizes from 1e-3 to 1e-1 (all dividing
+0.1 s; errors measured every 0.1 s, on every step grid): Baumgarte at the best
+gains of a vmapped gain sweep (6 x 6 gains x 8 step sizes in one call),
+Udwadia-Kalaba with constraint correction, with constraint + energy correction,
+and RK4 on the minimal ODE (eq. 24). For each formulation: the wall time of the
+one vmapped call over the eight step sizes against the time of the smallest step
+alone (the same compiled program, best of 3), and the errors at dt = 5e-2 and
+1e-1 where the paper's Fig. 4(d) claim lives. Writes the table and Fig. 4 to
+benchmarks/out/.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import jax
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+import cdiff  # noqa: E402
+from _record import record  # noqa: E402
+from cdiff._cli_study import DEFAULT_DTS, DEFAULT_GAINS  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--t1", type=float, default=10.0)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    model = cdiff.models.SliderCrank()
+    n_save = int(round(args.t1 / 0.1))
+    sweep = cdiff.studies.gain_sweep(
+        model, cdiff.Lagrange(), {"alpha": DEFAULT_GAINS, "beta": DEFAULT_GAINS},
+        DEFAULT_DTS, args.t1, n_save=n_save)
+    print(sweep.best)
+    formulations = {
+        "Baumgarte (best gains)": sweep.best_formulation(),
+        "UK": cdiff.UdwadiaKalaba(),
+        "UK + energy": cdiff.UdwadiaKalaba(energy_correction=True),
+        "RK4, minimal ODE": cdiff.studies.Minimal(),
+    }
+    study = cdiff.studies.step_size_study(model, formulations, DEFAULT_DTS, args.t1,
+                                          n_save=n_save, repeat=3)
+    print(study)
+    out = Path(__file__).with_name("out")
+    study.save(out / "r2-step-size")
+    study.plot(out / "r2-step-size.png")
+    sweep.save(out / "r2-gains")
+
+    lines = ["| formulation | compile [s] | 8 step sizes, one vmapped call [s] | "
+             "dt = 1e-3 alone [s] | ratio | error at dt = 5e-2 | error at 1e-1 |",
+             "|---|---|---|---|---|---|---|"]
+    for name in formulations:
+        rows = study.where(formulation=name)
+        one = rows["time"][np.argmin(rows["dt"])]
+        batch = rows["batch_time"][0]
+        err = {dt: rows["max_error"][np.isclose(rows["dt"], dt)][0]
+               for dt in (5e-2, 1e-1)}
+        lines.append(f"| {name} | {rows['compile_time'][0]:.1f} | {batch:.3f} | "
+                     f"{one:.3f} | {batch / one:.2f} | {err[5e-2]:.2e} | "
+                     f"{err[1e-1]:.2e} |")
+    best = sweep.best
+    lines += ["", f"Gain sweep: {sweep.meta['batch']} runs in one call, "
+              f"{sweep.meta['batch_time']:.2f} s (compile {sweep.meta['compile_time']:.1f}"
+              " s). Best (alpha, beta) per dt: " + ", ".join(
+                  f"{dt:g}: ({a:g}, {b:g})"
+                  for dt, a, b in zip(best["dt"], best["alpha"], best["beta"]))]
+    table = "\n".join(lines)
+    print(table)
+    if args.record:
+        record("studies.py", f"R2, t1 = {args.t1:g} s, RK4, float64; figure and "
+               "tables in benchmarks/out/r2-step-size.{png,csv,npz}.", table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""`cdiff study step-size MODEL` and `cdiff study gains MODEL` (see `cdiff.cli`)."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+import cdiff
+from cdiff._model import has_energy
+from cdiff.models import MODELS
+
+#: Default step sizes: eight from 1e-3 to 1e-1, all dividing 0.1 s, so that the
+#: errors measured every 0.1 s fall on the step grid of every one of them.
+DEFAULT_DTS = (1e-3, 2e-3, 4e-3, 5e-3, 1e-2, 2e-2, 5e-2, 1e-1)
+DEFAULT_GAINS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0)
+
+
+def add_parser(sub, number) -> None:
+    """Add the `study` sub-command to the `cdiff` parser's sub-parsers."""
+    study = sub.add_parser(
+        "study",
+        help="batched accuracy studies: step sizes, stabilisation gains",
+        description="Batched accuracy studies of a reference model (every step size "
+        "of a formulation in one vmapped call); writes a table (CSV, npz) and a "
+        "figure to --out.",
+    )
+    kinds = study.add_subparsers(dest="study", required=True, metavar="STUDY")
+    step = kinds.add_parser(
+        "step-size",
+        help="errors and cost against the step size (Braun-Goldfarb Fig. 4)",
+        description="Max constraint, energy and overall error and the cost against "
+        "the step size for Baumgarte at its best gains (from a gain sweep), "
+        "Udwadia-Kalaba with and without energy correction and RK4 on the minimal "
+        "ODE (where the model has one). Writes DIR/MODEL-step-size.{csv,npz,png}.",
+    )
+    gains = kinds.add_parser(
+        "gains",
+        help="sweep Baumgarte (or NullSpace) gains; best gains per step size",
+        description="Every combination of the gains at every step size in one "
+        "vmapped call; prints and writes the best gains per step size. Writes "
+        "DIR/MODEL-gains.{csv,npz,png} and DIR/MODEL-gains-best.csv.",
+    )
+    for p in (step, gains):
+        p.set_defaults(parser=p)
+        p.add_argument("model", choices=list(MODELS), metavar="MODEL",
+                       help="reference model: " + ", ".join(MODELS))
+        p.add_argument("--dts", type=number(positive=True), nargs="+",
+                       default=list(DEFAULT_DTS), metavar="DT",
+                       help="step sizes (default: eight from 1e-3 to 1e-1)")
+        p.add_argument("--t1", type=number(positive=True), default=10.0, metavar="T",
+                       help="horizon in seconds (default 10)")
+        p.add_argument("--n-save", type=int, default=None, metavar="N",
+                       help="times at which errors are measured (default: every "
+                       "0.1 s)")
+        p.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
+                       help="output directory (default: out)")
+    step.add_argument("--no-time-each", action="store_true",
+                      help="skip timing each step size alone (Fig. 4(e))")
+    gains.add_argument("--formulation", choices=["lagrange", "null-space"],
+                       default="lagrange",
+                       help="lagrange (alpha, beta) or null-space (alpha)")
+    gains.add_argument("--alphas", type=number(positive=False), nargs="+",
+                       default=list(DEFAULT_GAINS), metavar="A")
+    gains.add_argument("--betas", type=number(positive=False), nargs="+",
+                       default=None, metavar="B",
+                       help="Baumgarte beta values (default: the alphas)")
+
+
+def _n_save(args) -> int:
+    if args.n_save is not None:
+        if args.n_save < 1:
+            args.parser.error("--n-save must be a positive integer")
+        return args.n_save
+    return max(1, int(round(args.t1 / 0.1)))
+
+
+def _sweep(model, args, formulation=None, alphas=None, betas=None):
+    formulation = cdiff.Lagrange() if formulation is None else formulation
+    alphas = list(DEFAULT_GAINS) if alphas is None else alphas
+    gains = {"alpha": alphas}
+    if isinstance(formulation, cdiff.Lagrange):
+        gains["beta"] = alphas if betas is None else betas
+    metric = "max_error" if hasattr(model, "reference") else "max_constraint_error"
+    return cdiff.studies.gain_sweep(model, formulation, gains, args.dts, args.t1,
+                                    metric=metric, n_save=_n_save(args))
+
+
+def _write(table, stem: Path) -> None:
+    csv, npz = table.save(stem)
+    png = stem.with_suffix(".png")
+    table.plot(png)
+    print(f"wrote {csv}, {npz}, {png}")
+
+
+def run(args) -> int:
+    """Run `cdiff study ...` with parsed `args`; returns the exit status."""
+    model = MODELS[args.model]()
+    if args.study == "gains":
+        if args.formulation == "null-space" and args.betas is not None:
+            args.parser.error("--betas apply to --formulation lagrange only")
+        formulation = (cdiff.NullSpace() if args.formulation == "null-space"
+                       else cdiff.Lagrange())
+        sweep = _sweep(model, args, formulation, args.alphas, args.betas)
+        print(sweep.best)
+        _write(sweep, args.out / f"{args.model}-gains")
+        path = sweep.best.to_csv(args.out / f"{args.model}-gains-best.csv")
+        print(f"wrote {path}")
+        return 0
+    print("gain sweep for the Baumgarte baseline ...")
+    best = _sweep(model, args).best_formulation()
+    formulations = {"Baumgarte (best gains)": best,
+                    "UK, constraint correction": cdiff.UdwadiaKalaba()}
+    if has_energy(model):
+        formulations["UK, constraint + energy correction"] = cdiff.UdwadiaKalaba(
+            energy_correction=True)
+    if hasattr(model, "minimal_ode"):
+        formulations["RK4 on the minimal ODE"] = cdiff.studies.Minimal()
+    study = cdiff.studies.step_size_study(
+        model, formulations, args.dts, args.t1, n_save=_n_save(args),
+        time_each=not args.no_time_each)
+    print(study)
+    _write(study, args.out / f"{args.model}-step-size")
+    return 0
+
+
+def check(args, parser: argparse.ArgumentParser) -> None:
+    """Argument checks that argparse cannot express."""
+    if any(dt > args.t1 for dt in args.dts):
+        parser.error(f"every --dts value must be at most --t1 = {args.t1}")
+    if len(set(np.round(args.dts, 15))) != len(args.dts):
+        parser.error("--dts values must be distinct")

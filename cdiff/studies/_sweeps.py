@@ -1,0 +1,489 @@
+r"""Batched accuracy studies: all step sizes (and gains) of a formulation in one
+`jax.vmap`ped call (Braun & Goldfarb, Fig. 4; the "optimal parameters" of the
+Baumgarte baseline)."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._formulation.base import AbstractFormulation
+from .._kinematics import kinematics
+from .._model import AbstractModel, has_energy
+from .._simulate import constant_steps, simulate
+from .._solver.grid import UniformGrid
+from .._solver.rk4 import RK4
+from ._table import Table
+
+_METRICS = ("max_constraint_error", "max_velocity_error", "max_energy_error",
+            "max_error")
+
+
+class Minimal(eqx.Module):
+    r"""Stands in a study for a formulation: the model's minimal-coordinate ODE
+    (`model.minimal_ode()`, e.g. eq. 24 of Braun & Goldfarb for the
+    slider-crank) integrated with the same solver and step sizes, the
+    "unconstrained formulation" of Fig. 4(d). Only for models with a
+    `minimal_ode` method ([`cdiff.models.SliderCrank`][],
+    [`cdiff.models.DoubleFourBar`][])."""
+
+    def __repr__(self):
+        return "Minimal()"
+
+
+# ---------------------------------------------------------------------------
+# One trajectory, reduced to its error measures (inside jit/vmap).
+# ---------------------------------------------------------------------------
+
+
+def _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps):
+    """`(q, v)` at `ts` (rows non-finite where the solve failed)."""
+    if isinstance(formulation, Minimal):
+        ode = model.minimal_ode()
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(ode.rhs), solver, 0.0, t1, None, ode.y0, args=ode.args,
+            stepsize_controller=UniformGrid.build(jnp.zeros_like(t1), t1, dt,
+                                                  max_steps + 1),
+            saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps, throw=False,
+        )
+        ys = jnp.where(sol.result == diffrax.RESULTS.successful, sol.ys, jnp.nan)
+        return ode.state(ys)
+    sol = simulate(model, formulation, q0, v0, t1=t1, dt=dt, solver=solver,
+                   saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps, throw=False)
+    ok = sol.result == diffrax.RESULTS.successful
+    return jnp.where(ok, sol.q, jnp.nan), jnp.where(ok, sol.v, jnp.nan)
+
+
+def _measures(model, ts, q, v, e0, obs_ref):
+    """The four maxima over the saved rows; all `inf` if any row is not finite."""
+    def residuals(t, q, v):
+        kin = kinematics(model, t, q, v)
+        return kin.phi_q, kin.velocity_residual
+
+    phi_q, phi_v = jax.vmap(residuals)(ts, q, v)
+
+    def amax(x):
+        return jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), q.dtype)
+
+    out = [amax(phi_q), amax(phi_v)]
+    if has_energy(model):
+        out.append(amax(jax.vmap(model.energy)(ts, q, v) - e0))
+    else:
+        out.append(jnp.asarray(jnp.nan, q.dtype))
+    if obs_ref is None:
+        out.append(jnp.asarray(jnp.nan, q.dtype))
+    else:
+        diff = model.observable(q) - obs_ref
+        out.append(jnp.max(jnp.sqrt(jnp.sum(diff**2, axis=-1))))
+    finite = jnp.all(jnp.isfinite(q)) & jnp.all(jnp.isfinite(v))
+    return jnp.where(finite, jnp.stack(out), jnp.inf)
+
+
+def _axes(formulation, batch: int):
+    """vmap axes of a formulation: array leaves with a leading axis of `batch`
+    are mapped (one value per trajectory), the others shared."""
+    return jax.tree.map(
+        lambda x: 0 if eqx.is_array(x) and x.ndim >= 1 and x.shape[0] == batch
+        else None,
+        formulation,
+    )
+
+
+def _index(formulation, axes, i):
+    return jax.tree.map(lambda x, a: x if a is None else x[i], formulation, axes)
+
+
+@eqx.filter_jit
+def _batch(model, formulation, axes, solver, q0, v0, t1, dts, ts, max_steps, e0,
+           obs_ref):
+    def one(dt, form):
+        q, v = _trajectory(model, form, solver, q0, v0, t1, dt, ts, max_steps)
+        return _measures(model, ts, q, v, e0, obs_ref)
+
+    return eqx.filter_vmap(one, in_axes=(0, axes))(dts, formulation)
+
+
+@eqx.filter_jit
+def _single(model, formulation, solver, q0, v0, t1, dt, ts, max_steps, e0, obs_ref):
+    q, v = _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps)
+    return _measures(model, ts, q, v, e0, obs_ref)
+
+
+def _block(x):
+    return jax.block_until_ready(x)
+
+
+class _Setup(eqx.Module):
+    q0: jax.Array
+    v0: jax.Array
+    t1: jax.Array
+    ts: jax.Array
+    e0: jax.Array
+    obs_ref: jax.Array | None
+
+
+def _setup(model: AbstractModel, t1, n_save: int, initial_state) -> _Setup:
+    if not isinstance(model, AbstractModel):
+        raise TypeError(f"model must be a cdiff.AbstractModel, got {type(model)}")
+    if not (isinstance(n_save, int) and n_save >= 1):
+        raise ValueError(f"n_save must be a positive int, got {n_save!r}")
+    t1 = float(t1)
+    if not t1 > 0:
+        raise ValueError(f"t1 must be positive, got {t1}")
+    q0, v0 = model.initial_state() if initial_state is None else initial_state
+    q0, v0 = jnp.asarray(q0, float), jnp.asarray(v0, float)
+    ts = jnp.linspace(0.0, t1, n_save + 1)[1:]
+    e0 = (jnp.asarray(model.energy(0.0, q0, v0)) if has_energy(model)
+          else jnp.asarray(jnp.nan))
+    obs_ref = None
+    if hasattr(model, "reference") and hasattr(model, "observable"):
+        obs_ref = model.observable(model.reference(ts).q)
+    return _Setup(q0, v0, jnp.asarray(t1), ts, e0, obs_ref)
+
+
+def _check_dts(dts, t1) -> np.ndarray:
+    dts = np.atleast_1d(np.asarray(dts, float))
+    if dts.ndim != 1 or dts.size == 0 or not np.all(np.isfinite(dts)) \
+            or not np.all(dts > 0):
+        raise ValueError(f"dts must be a non-empty 1-D array of positive step sizes, "
+                         f"got {dts!r}")
+    if np.any(dts > t1):
+        raise ValueError(f"every step size must be at most t1 = {t1}, got {dts}")
+    return dts
+
+
+def _check_formulation(model, name, formulation):
+    if isinstance(formulation, Minimal):
+        if not hasattr(model, "minimal_ode"):
+            raise ValueError(
+                f"cdiff.studies: {type(model).__name__} has no minimal_ode(), so "
+                f"'{name}' (Minimal()) cannot run; drop it for this model"
+            )
+    elif not isinstance(formulation, AbstractFormulation):
+        raise TypeError(f"cdiff.studies: '{name}' is not a cdiff formulation: "
+                        f"{formulation!r}")
+
+
+def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
+         repeat: int = 1):
+    """The measures of every step size (rows of `dts`) in one vmapped call,
+    and its timings."""
+    n = len(dts)
+    axes = _axes(formulation, n)
+    max_steps = max(constant_steps(0.0, float(setup.t1), dt) for dt in dts)
+    args = (model, formulation, axes, solver, setup.q0, setup.v0, setup.t1,
+            jnp.asarray(dts), setup.ts, max_steps, setup.e0, setup.obs_ref)
+    start = time.perf_counter()
+    lowered = _batch.lower(*args)
+    compiled = lowered.compile()
+    compile_time = time.perf_counter() - start
+    batch_time = np.inf
+    for _ in range(repeat):
+        start = time.perf_counter()
+        measures = np.asarray(_block(compiled(*args)))
+        batch_time = min(batch_time, time.perf_counter() - start)
+    each = np.full(n, np.nan)
+    if time_each:
+        def single(i):
+            return _single(model, _index(formulation, axes, i), solver, setup.q0,
+                           setup.v0, setup.t1, jnp.asarray(dts[i]), setup.ts,
+                           max_steps, setup.e0, setup.obs_ref)
+
+        _block(single(0))  # compile (dt is traced: one compilation for all)
+        for i in range(n):
+            for _ in range(repeat):
+                start = time.perf_counter()
+                _block(single(i))
+                each[i] = np.fmin(each[i], time.perf_counter() - start)
+    return measures, compile_time, batch_time, each
+
+
+def _named(formulations) -> dict[str, Any]:
+    if isinstance(formulations, Mapping):
+        return dict(formulations)
+    if isinstance(formulations, (AbstractFormulation, Minimal)):
+        formulations = [formulations]
+    return {repr(f): f for f in formulations}
+
+
+def _progress(items, progress: bool, desc: str):
+    if not progress:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc)
+
+
+# ---------------------------------------------------------------------------
+# Step-size study.
+# ---------------------------------------------------------------------------
+
+
+class StepSizeStudy(Table):
+    """The table of [`cdiff.studies.step_size_study`][]: one row per formulation
+    and step size, with `plot()` for the log-log figure of Braun & Goldfarb Fig. 4."""
+
+    def plot(self, path=None):
+        """Log-log panels against the step size, one line per formulation:
+        (a) max |Φ_q|, (b) max |Φ̇_q, Φ_v|, (c) max |E − E₀|, (d) max overall error
+        against the reference, (e) wall time per trajectory (when measured, else
+        the number of steps). Writes `path` when given; returns the figure."""
+        from matplotlib.figure import Figure
+
+        cost = "time" if np.any(np.isfinite(self["time"])) else "steps"
+        panels = [*_METRICS, cost]
+        labels = ["(a) max constraint error", "(b) max velocity constraint error",
+                  "(c) max energy error", "(d) max overall error",
+                  "(e) wall time per run [s]" if cost == "time" else "(e) steps"]
+        fig = Figure(figsize=(6.5, 2.2 * len(panels)), layout="constrained")
+        axs = fig.subplots(len(panels), 1, sharex=True)
+        for name in dict.fromkeys(self["formulation"]):
+            rows = self.where(formulation=name)
+            for ax, key in zip(axs, panels):
+                y = np.where(np.isfinite(rows[key]) & (rows[key] > 0), rows[key],
+                             np.nan)
+                ax.loglog(rows["dt"], y, "o-", label=name, ms=3)
+        for ax, label in zip(axs, labels):
+            ax.set_ylabel(label, fontsize=8)
+            ax.grid(True, which="both", alpha=0.3)
+        axs[-1].set_xlabel("step size dt [s]")
+        axs[0].legend(fontsize=7)
+        fig.suptitle(self.title, fontsize=9)
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=120)
+        return fig
+
+
+def step_size_study(
+    model: AbstractModel,
+    formulations,
+    dts: Any,
+    t1: Any,
+    *,
+    solver: diffrax.AbstractSolver | None = None,
+    n_save: int = 1000,
+    time_each: bool = True,
+    repeat: int = 1,
+    initial_state=None,
+    progress: bool = True,
+) -> StepSizeStudy:
+    r"""Accuracy against step size, every step size of a formulation in **one
+    `jax.vmap`ped call** (Braun & Goldfarb Fig. 4 (a)-(e)).
+
+    For each formulation and step size: the maximum constraint error
+    $\max|\Phi_q|$, velocity-constraint error $\max|[\dot\Phi_q; \Phi_v]|$,
+    energy error $\max|E - E_0|$ and overall error $\max\|y - y_{ref}\|_2$ of the
+    model's `observable` against its exact `reference`, all over `n_save`
+    equally spaced times in $(0, t_1]$; and the cost. A solve that fails or turns
+    non-finite gives `inf` in its row (it does not stop the study).
+
+    **Arguments:**
+
+    - `model`: a cdiff model with `initial_state()` (or pass `initial_state`).
+    - `formulations`: a mapping `{name: formulation}` (or a sequence, named by
+      `repr`). A formulation's array fields with a leading axis of `len(dts)`
+      are taken one per step size (e.g. `GainSweep.best_formulation()`, the best
+      Baumgarte gains of each step size). [`cdiff.studies.Minimal`][]`()` runs the
+      model's minimal-coordinate ODE with the same solver.
+    - `dts`: the step sizes. `simulate` takes the uniform step
+      $T/\lceil T/dt\rceil$; the table's `dt` column holds the requested ones.
+    - `t1`: the horizon (from $t_0 = 0$).
+    - `solver`: default [`cdiff.RK4`][].
+    - `n_save`: number of times at which the errors are measured. Where they do
+      not fall on a step's end the state is interpolated (third order for RK4):
+      choose `t1 / n_save` a multiple of every `dt` to measure at step ends only.
+    - `time_each`: also time each step size alone (same compilation; the `time`
+      column, Fig. 4(e)). Otherwise `time` is `NaN`.
+    - `repeat`: run each timed call this many times and keep the fastest.
+    - `initial_state`: `(q0, v0)`, default `model.initial_state()`.
+    - `progress`: a progress bar over the formulations.
+
+    **Returns:** a [`cdiff.studies.StepSizeStudy`][] table with columns
+    `formulation`, `dt`, `steps`, the four error maxima, `time` (s per run),
+    `batch_time` (s for the formulation's vmapped call over all step sizes) and
+    `compile_time` (s, its compilation; near zero when JAX reused a compilation
+    from earlier in the process).
+    """
+    named = _named(formulations)
+    for name, formulation in named.items():
+        _check_formulation(model, name, formulation)
+    dts = _check_dts(dts, float(t1))
+    setup = _setup(model, t1, n_save, initial_state)
+    solver = RK4() if solver is None else solver
+    rows: dict[str, list] = {k: [] for k in ("formulation", "dt", "steps", *_METRICS,
+                                             "time", "batch_time", "compile_time")}
+    for name in _progress(list(named), progress, "step-size study"):
+        measures, compile_time, batch_time, each = _run(
+            model, named[name], solver, setup, dts, time_each, repeat)
+        for i, dt in enumerate(dts):
+            rows["formulation"].append(name)
+            rows["dt"].append(dt)
+            rows["steps"].append(constant_steps(0.0, float(t1), dt))
+            for k, key in enumerate(_METRICS):
+                rows[key].append(measures[i, k])
+            rows["time"].append(each[i])
+            rows["batch_time"].append(batch_time)
+            rows["compile_time"].append(compile_time)
+    meta = {"model": repr(model), "t1": float(t1), "n_save": n_save,
+            "solver": type(solver).__name__}
+    title = (f"{type(model).__name__}: accuracy vs step size, t1 = {float(t1):g} s, "
+             f"{type(solver).__name__}")
+    return StepSizeStudy(rows, meta, title)
+
+
+# ---------------------------------------------------------------------------
+# Gain sweep.
+# ---------------------------------------------------------------------------
+
+
+class GainSweep(Table):
+    """The table of [`cdiff.studies.gain_sweep`][]: one row per step size and gain
+    combination; `best` holds the best row of each step size and
+    `best_formulation()` the formulation with those gains, one per step size."""
+
+    def __init__(self, columns, meta, title, formulation, gains, metric):
+        super().__init__(columns, meta, title)
+        object.__setattr__(self, "_formulation", formulation)
+        object.__setattr__(self, "_gains", tuple(gains))
+        object.__setattr__(self, "_metric", metric)
+
+    @property
+    def best(self) -> Table:
+        """The row with the smallest `metric` for each step size (the first among
+        equals; a step size where every run failed keeps its first row, `inf`)."""
+        keep = []
+        for dt in dict.fromkeys(self["dt"]):
+            idx = np.flatnonzero(self["dt"] == dt)
+            values = np.where(np.isfinite(self[self._metric][idx]),
+                              self[self._metric][idx], np.inf)
+            keep.append(idx[int(np.argmin(values))])
+        return Table({k: v[keep] for k, v in self.columns.items()}, self.meta,
+                     f"best gains by {self._metric}")
+
+    def best_formulation(self):
+        """The swept formulation with its gain fields set to the best values, one
+        per step size (arrays in the order of `dts`): pass it to
+        [`cdiff.studies.step_size_study`][] with the same `dts`."""
+        best = self.best
+        form = self._formulation
+        for name in self._gains:
+            form = eqx.tree_at(lambda f, n=name: getattr(f, n), form,
+                               jnp.asarray(best[name]), is_leaf=lambda x: x is None)
+        return form
+
+    def plot(self, path=None):
+        """The metric against the first gain, one panel per step size (lines for
+        the other gains' combinations). Writes `path` when given; returns the
+        figure."""
+        from matplotlib.figure import Figure
+
+        dts = list(dict.fromkeys(self["dt"]))
+        first, others = self._gains[0], self._gains[1:]
+        cols = min(4, len(dts))
+        rows_n = -(-len(dts) // cols)
+        fig = Figure(figsize=(3.2 * cols, 2.6 * rows_n), layout="constrained")
+        axs = np.atleast_1d(fig.subplots(rows_n, cols, squeeze=False)).ravel()
+        for ax, dt in zip(axs, dts):
+            rows = self.where(dt=dt)
+            combos = (list(dict.fromkeys(zip(*(rows[g] for g in others))))
+                      if others else [()])
+            for combo in combos:
+                sel = np.ones(len(rows), bool)
+                for g, value in zip(others, combo):
+                    sel &= rows[g] == value
+                y = rows[self._metric][sel]
+                label = ", ".join(f"{g}={v:g}" for g, v in zip(others, combo))
+                ax.loglog(rows[first][sel], np.where(np.isfinite(y), y, np.nan),
+                          "o-", ms=3, label=label or None)
+            ax.set_title(f"dt = {dt:g}", fontsize=8)
+            ax.set_xlabel(first, fontsize=8)
+            ax.grid(True, which="both", alpha=0.3)
+        axs[0].set_ylabel(self._metric, fontsize=8)
+        if others:
+            axs[0].legend(fontsize=6)
+        for ax in axs[len(dts):]:
+            ax.set_visible(False)
+        fig.suptitle(self.title, fontsize=9)
+        if path is not None:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+            fig.savefig(path, dpi=120)
+        return fig
+
+
+def gain_sweep(
+    model: AbstractModel,
+    formulation: AbstractFormulation,
+    gains: Mapping[str, Any],
+    dts: Any,
+    t1: Any,
+    *,
+    metric: str = "max_error",
+    solver: diffrax.AbstractSolver | None = None,
+    n_save: int = 1000,
+    initial_state=None,
+) -> GainSweep:
+    r"""Sweep stabilisation gains and step sizes together in **one `jax.vmap`ped
+    call**: every combination of the `gains` values (a grid) at every step size,
+    measured as in [`cdiff.studies.step_size_study`][], and the best gains per
+    step size (the "optimal parameters" of the papers' Baumgarte baseline).
+
+    **Arguments:**
+
+    - `formulation`: the formulation whose fields are swept, e.g.
+      `cdiff.Lagrange()` or `cdiff.NullSpace()`.
+    - `gains`: `{field name: values}`, e.g. `{"alpha": [1, 5, 10], "beta": [1, 5,
+      10]}` (Baumgarte) or `{"alpha": [...]}` (`NullSpace`).
+    - `dts`, `t1`, `solver`, `n_save`, `initial_state`: as for `step_size_study`.
+    - `metric`: the column that ranks the gains (`"max_error"` by default;
+      `"max_constraint_error"` for a model without a reference).
+
+    **Returns:** a [`cdiff.studies.GainSweep`][] with columns `dt`, one per gain,
+    the four error maxima; `.best` (a table) and `.best_formulation()`.
+    """
+    if not isinstance(formulation, AbstractFormulation):
+        raise TypeError(f"formulation must be a cdiff formulation, got {formulation!r}")
+    if metric not in _METRICS:
+        raise ValueError(f"metric must be one of {_METRICS}, got {metric!r}")
+    if not gains:
+        raise ValueError("gains must name at least one field of the formulation")
+    for name in gains:
+        if not hasattr(formulation, name):
+            raise ValueError(f"{type(formulation).__name__} has no field '{name}'")
+    dts = _check_dts(dts, float(t1))
+    setup = _setup(model, t1, n_save, initial_state)
+    solver = RK4() if solver is None else solver
+    names = list(gains)
+    grid = list(itertools.product(*(np.atleast_1d(np.asarray(gains[n], float))
+                                    for n in names)))
+    combos = [(dt, *g) for dt in dts for g in grid]
+    batch = len(combos)
+    form = formulation
+    for k, name in enumerate(names):
+        values = jnp.asarray([c[1 + k] for c in combos])
+        form = eqx.tree_at(lambda f, n=name: getattr(f, n), form, values,
+                           is_leaf=lambda x: x is None)
+    measures, compile_time, batch_time, _ = _run(
+        model, form, solver, setup, np.asarray([c[0] for c in combos]), False)
+    if batch != measures.shape[0]:  # pragma: no cover
+        raise AssertionError("gain sweep: batch size mismatch")
+    columns: dict[str, Any] = {"dt": [c[0] for c in combos]}
+    for k, name in enumerate(names):
+        columns[name] = [c[1 + k] for c in combos]
+    for k, key in enumerate(_METRICS):
+        columns[key] = measures[:, k]
+    meta = {"model": repr(model), "t1": float(t1), "n_save": n_save,
+            "solver": type(solver).__name__, "batch": batch,
+            "batch_time": batch_time, "compile_time": compile_time}
+    title = (f"{type(model).__name__}: {type(formulation).__name__} gains, "
+             f"t1 = {float(t1):g} s, {batch} runs in one call ({batch_time:.2f} s)")
+    return GainSweep(columns, meta, title, formulation, names, metric)

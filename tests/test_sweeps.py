@@ -1,0 +1,158 @@
+"""cdiff.studies.step_size_study and gain_sweep: one vmapped call per formulation,
+checked against separate simulations measured independently (numpy on the
+Solution's own residuals and the exact reference)."""
+
+from __future__ import annotations
+
+import functools
+
+import diffrax
+import equinox as eqx
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import cdiff
+from cdiff.models._slider_crank import _minimal_rhs
+
+MODEL = cdiff.models.SliderCrank()
+T1 = 1.0
+DTS = np.array([2e-2, 5e-2, 1e-1])
+N_SAVE = 10  # every 0.1 s: on the step grid of every dt
+TS = np.linspace(0.0, T1, N_SAVE + 1)[1:]
+ALPHAS, BETAS = [1.0, 10.0, 3e3], [2.0, 20.0]  # alpha = 3e3 diverges at 0.1
+
+
+@functools.cache
+def _sweep():
+    return cdiff.studies.gain_sweep(MODEL, cdiff.Lagrange(),
+                                    {"alpha": ALPHAS, "beta": BETAS}, DTS, T1,
+                                    n_save=N_SAVE)
+
+
+@functools.cache
+def _study():
+    formulations = {"UK": cdiff.UdwadiaKalaba(), "minimal": cdiff.studies.Minimal(),
+                    "best Baumgarte": _sweep().best_formulation()}
+    return cdiff.studies.step_size_study(MODEL, formulations, DTS, T1,
+                                         n_save=N_SAVE, time_each=False,
+                                         progress=False)
+
+
+@eqx.filter_jit
+def _separate(formulation, dt):
+    """One simulation (dt traced: one compilation for all step sizes)."""
+    q0, v0 = MODEL.initial_state()
+    return cdiff.simulate(MODEL, formulation, q0, v0, t1=T1, dt=dt,
+                          saveat=cdiff.SaveAt(ts=jnp.asarray(TS)), max_steps=50)
+
+
+def _independent(sol):
+    """The four measures from a Solution, in numpy."""
+    ref = MODEL.reference(jnp.asarray(TS))
+    q0, v0 = MODEL.initial_state()
+    e0 = float(MODEL.energy(0.0, q0, v0))
+    obs = np.asarray(MODEL.observable(sol.q)) - np.asarray(MODEL.observable(ref.q))
+    return np.array([
+        np.max(np.abs(np.asarray(sol.holonomic_residual))),
+        np.max(np.abs(np.asarray(sol.velocity_residual))),
+        np.max(np.abs(np.asarray(sol.energy) - e0)),
+        np.max(np.linalg.norm(obs, axis=-1)),
+    ])
+
+
+COLUMNS = ["max_constraint_error", "max_velocity_error", "max_energy_error",
+           "max_error"]
+
+
+def test_study_rows_equal_separate_simulations():
+    study = _study()
+    assert len(study) == 3 * len(DTS)
+    rows = study.where(formulation="UK")
+    np.testing.assert_array_equal(rows["dt"], DTS)
+    np.testing.assert_array_equal(rows["steps"], [50, 20, 10])
+    for i, dt in enumerate(DTS):
+        expected = _independent(_separate(cdiff.UdwadiaKalaba(), jnp.asarray(dt)))
+        got = np.array([rows[c][i] for c in COLUMNS])
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-16)
+    # RK4's error grows with the step: four orders over a factor of five in dt.
+    assert np.all(np.diff(rows["max_error"]) > 0)
+    assert np.all(study["batch_time"] > 0) and np.all(study["compile_time"] > 0)
+    assert np.all(np.isnan(study["time"]))  # time_each=False
+
+
+def test_minimal_row_is_rk4_on_eq_24():
+    rows = _study().where(formulation="minimal")
+    ref = np.asarray(MODEL.observable(MODEL.reference(jnp.asarray(TS)).q))[:, 0]
+    for i, dt in enumerate(DTS):
+        sol = diffrax.diffeqsolve(
+            diffrax.ODETerm(_minimal_rhs), cdiff.RK4(), 0.0, T1, float(dt),
+            jnp.array([jnp.pi / 4, 0.0]), args=MODEL.g / MODEL.l,
+            saveat=diffrax.SaveAt(ts=jnp.asarray(TS)))
+        slider = 2 * MODEL.l * np.cos(np.asarray(sol.ys[:, 0]))  # x_s = 2 l cos(th1)
+        np.testing.assert_allclose(rows["max_error"][i], np.max(np.abs(slider - ref)),
+                                   rtol=1e-8)
+    # Minimal coordinates satisfy the constraints by construction.
+    assert np.all(rows["max_constraint_error"] < 1e-15)
+
+
+def test_gain_sweep_best_gains_and_their_formulation():
+    sweep = _sweep()
+    assert len(sweep) == len(DTS) * len(ALPHAS) * len(BETAS)
+    best = sweep.best
+    np.testing.assert_array_equal(best["dt"], DTS)
+    for i, dt in enumerate(DTS):
+        rows = sweep.where(dt=dt)
+        k = int(np.argmin(rows["max_error"]))
+        assert (best["alpha"][i], best["beta"][i]) == (rows["alpha"][k], rows["beta"][k])
+    form = sweep.best_formulation()
+    np.testing.assert_array_equal(np.asarray(form.alpha), best["alpha"])
+    # The per-step-size formulation reproduces the sweep's best rows.
+    study = _study().where(formulation="best Baumgarte")
+    for c in COLUMNS:
+        np.testing.assert_allclose(study[c], best[c], rtol=1e-12)
+    # One sweep row against its own simulation.
+    i = int(np.flatnonzero((sweep["dt"] == 5e-2) & (sweep["alpha"] == 10.0))[0])
+    lagrange = cdiff.Lagrange(alpha=jnp.asarray(sweep["alpha"][i]),
+                              beta=jnp.asarray(sweep["beta"][i]))
+    expected = _independent(_separate(lagrange, jnp.asarray(sweep["dt"][i])))
+    np.testing.assert_allclose([sweep[c][i] for c in COLUMNS], expected, rtol=1e-9)
+
+
+def test_a_diverging_run_is_inf_not_an_error():
+    rows = _sweep().where(alpha=3e3, dt=1e-1)  # alpha dt = 300: RK4 unstable
+    assert len(rows) == 2
+    for c in COLUMNS:
+        assert np.all(np.isinf(rows[c])), c
+    assert np.all(np.isfinite(_sweep().best["max_error"]))
+
+
+def test_table_prints_saves_and_plots(tmp_path):
+    study = _study()
+    text = str(study)
+    assert "max_error" in text and "minimal" in text
+    csv_path, npz_path = study.save(tmp_path / "study")
+    header = csv_path.read_text().splitlines()[0].split(",")
+    assert header[:3] == ["formulation", "dt", "steps"]
+    data = np.load(npz_path)
+    np.testing.assert_array_equal(data["max_error"], study["max_error"])
+    assert str(data["meta_solver"]) == "RK4"
+    fig = study.plot(tmp_path / "study.png")
+    assert len(fig.axes) == 5 and (tmp_path / "study.png").stat().st_size > 0
+    _sweep().plot(tmp_path / "gains.png")
+    assert (tmp_path / "gains.png").stat().st_size > 0
+
+
+def test_bad_arguments():
+    with pytest.raises(ValueError, match="minimal_ode"):
+        cdiff.studies.step_size_study(cdiff.models.TwoLinkOnCircle(),
+                                      [cdiff.studies.Minimal()], [0.1], 1.0)
+    with pytest.raises(ValueError, match="positive step sizes"):
+        cdiff.studies.step_size_study(MODEL, [cdiff.UdwadiaKalaba()], [0.0], 1.0)
+    with pytest.raises(ValueError, match="no field 'gamma'"):
+        cdiff.studies.gain_sweep(MODEL, cdiff.Lagrange(), {"gamma": [1.0]}, [0.1], 1.0)
+    with pytest.raises(ValueError, match="metric"):
+        cdiff.studies.gain_sweep(MODEL, cdiff.Lagrange(), {"alpha": [1.0]}, [0.1],
+                                 1.0, metric="error")
+    with pytest.raises(TypeError, match="formulation"):
+        cdiff.studies.step_size_study(MODEL, {"x": "UK"}, [0.1], 1.0)
