@@ -156,3 +156,23 @@ def test_bad_arguments():
                                  1.0, metric="error")
     with pytest.raises(TypeError, match="formulation"):
         cdiff.studies.step_size_study(MODEL, {"x": "UK"}, [0.1], 1.0)
+
+
+def test_command_line_writes_tables_and_figures(tmp_path, capsys):
+    from cdiff.cli import main
+
+    common = ["slider-crank", "--t1", "1", "--dts", "0.02", "0.05", "0.1", "--out",
+              str(tmp_path)]
+    assert main(["study", "gains", *common, "--alphas", "1", "10", "3000",
+                 "--betas", "2", "20"]) == 0
+    best = np.loadtxt(tmp_path / "slider-crank-gains-best.csv", delimiter=",",
+                      skiprows=1)
+    np.testing.assert_array_equal(best[:, 1:3], np.stack(
+        [_sweep().best["alpha"], _sweep().best["beta"]], axis=1))
+    assert main(["study", "step-size", *common, "--no-time-each"]) == 0
+    out = capsys.readouterr().out
+    assert "RK4 on the minimal ODE" in out and "UK, constraint + energy" in out
+    for suffix in ("csv", "npz", "png"):
+        assert (tmp_path / f"slider-crank-step-size.{suffix}").stat().st_size > 0
+    with pytest.raises(SystemExit):
+        main(["study", "step-size", "slider-crank", "--t1", "1", "--dts", "2"])
