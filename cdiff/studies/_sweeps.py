@@ -223,6 +223,15 @@ def _progress(items, progress: bool, desc: str):
     return tqdm(items, desc=desc)
 
 
+def _finish(fig, title: str, path):
+    """Title the figure and write it to `path` (when given)."""
+    fig.suptitle(title, fontsize=9)
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=120)
+    return fig
+
+
 # ---------------------------------------------------------------------------
 # Step-size study.
 # ---------------------------------------------------------------------------
@@ -257,11 +266,7 @@ class StepSizeStudy(Table):
             ax.grid(True, which="both", alpha=0.3)
         axs[-1].set_xlabel("step size dt [s]")
         axs[0].legend(fontsize=7)
-        fig.suptitle(self.title, fontsize=9)
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, dpi=120)
-        return fig
+        return _finish(fig, self.title, path)
 
 
 def step_size_study(
@@ -413,11 +418,7 @@ class GainSweep(Table):
             axs[0].legend(fontsize=6)
         for ax in axs[len(dts):]:
             ax.set_visible(False)
-        fig.suptitle(self.title, fontsize=9)
-        if path is not None:
-            Path(path).parent.mkdir(parents=True, exist_ok=True)
-            fig.savefig(path, dpi=120)
-        return fig
+        return _finish(fig, self.title, path)
 
 
 def gain_sweep(
