@@ -1,5 +1,5 @@
 """cdiff.analysis: constraint rank, reduction index matrix and differential index
-(Costa-Castello & Fossas), the singular-configuration search (Proposition 1) and
+(Costa-Castelló, Griñó & Basañez), the singular-configuration search (Proposition 1) and
 the Frobenius test (Yun & Sarkar, Remark 1), against closed forms."""
 
 import jax

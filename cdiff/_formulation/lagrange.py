@@ -23,8 +23,8 @@ class Lagrange(AbstractFormulation):
     $$\ddot\Phi_q + 2\alpha\dot\Phi_q + \beta^2\Phi_q = 0, \qquad
       \dot\Phi_v + \alpha\Phi_v = 0$$
 
-    (Costa-Castello & Fossas eqs. 24-25; the nonholonomic form is Yun & Sarkar's
-    eq. 17 applied one level up). The KKT system
+    (Costa-Castelló, Griñó & Basañez, eqs. 24-25; the nonholonomic form is Yun &
+    Sarkar's eq. 17 applied one level up). The KKT system
     $\begin{bmatrix} M & A_v^T \\ A_v & 0\end{bmatrix}$ is solved by its Schur
     complement $A_v M^{-1} A_v^T\lambda = r$ through the Cholesky factor of $M$ and
     cdiff's smooth pseudoinverse ([`cdiff._linalg`][]), so redundant or
@@ -58,7 +58,8 @@ class Lagrange(AbstractFormulation):
 
         J. Baumgarte, *Stabilization of constraints and integrals of motion in
         dynamical systems*, Comput. Methods Appl. Mech. Eng. 1 (1972).
-        C. Costa-Castello, E. Fossas, *DAE methods in robotics* (1998), eqs. 24-25.
+        R. Costa-Castelló, R. Griñó, L. Basañez, *DAE methods in constrained
+        robotics system simulation* (1998), eqs. 24-25.
     """
 
     alpha: float | jnp.ndarray = 0.0

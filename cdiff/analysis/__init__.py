@@ -1,5 +1,5 @@
 """Analysis of a model's constraints: rank, the reduction index matrix and the
-differential index of its DAE (Costa-Castelló & Fossas 1998), a search for singular
+differential index of its DAE (Costa-Castelló, Griñó & Basañez 1998), a search for singular
 configurations (their Proposition 1), and the Frobenius test that tells holonomic
 from nonholonomic velocity constraints (Yun & Sarkar 1998, Remark 1)."""
 

@@ -1,6 +1,6 @@
 r"""Rank, reduction index matrix, differential index and singular configurations.
 
-Costa-Castelló & Fossas (1998): a constrained mechanical system
+Costa-Castelló, Griñó & Basañez (1998): a constrained mechanical system
 $M\ddot q = Q + G^T f$, $g(q) = 0$ is a DAE in Hessenberg form of size 3, of
 differential index 3, where its reduction index matrix $\varphi = GM^{-1}G^T$
 (eq. 44, $G = \partial g/\partial q$) is nonsingular (Remark 3). Since $M$ is

@@ -167,7 +167,7 @@ def _wrap(x):
 
 class PlanarArmOnCurve(AbstractModel):
     r"""Planar two-link arm (two revolute joints, base at the origin) whose end
-    effector is constrained to a curve $\phi(x, y) = 0$ (Costa-Castelló & Fossas,
+    effector is constrained to a curve $\phi(x, y) = 0$ (Costa-Castelló, Griñó & Basañez,
     Secs. 4.2 and 5.2, eqs. 36-46, Table 1, Figs. 3-5).
 
     Coordinates $q = [\theta_1, \theta_2]$: the absolute angle of link 1 from the
