@@ -12,7 +12,7 @@ import jax
 import jax.flatten_util
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Float
+from jaxtyping import Array, Bool, Float
 
 from ._formulation.base import AbstractFormulation, Context
 from ._formulation.dae import AbstractDAEFormulation
@@ -51,7 +51,8 @@ class Solution(eqx.Module):
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
     - `result`: the result code (`diffrax.RESULTS`, or its extension
-      `cdiff.DAEResults` for [`cdiff.BDF`][]); see [`cdiff.Solution.message`][].
+      `cdiff.DAEResults` for [`cdiff.BDF`][]); see [`cdiff.Solution.message`][]
+      and `succeeded` (a boolean, per trajectory).
     - `dt`: the step size actually taken by a constant-step solve,
       $T/\lceil T/dt\rceil$, which differs from the requested `dt` when that does
       not divide the horizon $T = t_1 - t_0$. `NaN` for adaptive solves.
@@ -71,6 +72,12 @@ class Solution(eqx.Module):
     result: Any
     dt: Float[Array, ""]
     stats: dict[str, Any]
+
+    @property
+    def succeeded(self) -> Bool[Array, "*batch"]:
+        """Whether the solve reached `t1` (a boolean array, one per trajectory of a
+        batched solution; works inside `jit` and `vmap`)."""
+        return self.result == self.result._enumeration.successful  # or DAEResults
 
     @property
     def message(self) -> str:

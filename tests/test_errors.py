@@ -300,10 +300,11 @@ def test_blow_up_without_throw_reports_result():
     sol = _exploding_no_throw(Exploding(rate=1000.0))
     assert sol.result != diffrax.RESULTS.successful
     assert sol.result == diffrax.RESULTS.nonfinite
-    assert "Nonfinite" in sol.message
+    assert "Nonfinite" in sol.message and not bool(sol.succeeded)
     # Control: a mild force runs to the end and reports success.
     ok = _exploding_no_throw(Exploding(rate=1.0))
     assert ok.message == "" and ok.result == diffrax.RESULTS.successful
+    assert bool(ok.succeeded)
     assert np.all(np.isfinite(np.asarray(ok.q)))
     # x'' = e^t from rest: x(2) = e^2 - 1 - 2 (RK4, dt = 0.1).
     np.testing.assert_allclose(ok.q[-1], np.full(2, np.exp(2.0) - 3.0), rtol=1e-6)

@@ -59,8 +59,8 @@ def _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps):
         return ode.state(ys)
     sol = simulate(model, formulation, q0, v0, t1=t1, dt=dt, solver=solver,
                    saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps, throw=False)
-    ok = sol.result == diffrax.RESULTS.successful
-    return jnp.where(ok, sol.q, jnp.nan), jnp.where(ok, sol.v, jnp.nan)
+    return (jnp.where(sol.succeeded, sol.q, jnp.nan),
+            jnp.where(sol.succeeded, sol.v, jnp.nan))
 
 
 def _measures(model, ts, q, v, e0, obs_ref):
