@@ -66,24 +66,8 @@ def animate(
     from matplotlib.collections import LineCollection
     from matplotlib.figure import Figure
 
+    path = check_target(model, path)
     name = type(model).__name__
-    if not callable(getattr(model, "sketch", None)):
-        raise ValueError(
-            f"cdiff.animate: {name} has no `sketch(q)` method, so it cannot be drawn "
-            "(only planar models are; see cdiff.Sketch)"
-        )
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix not in _SUFFIXES:
-        raise ValueError(
-            f"cdiff.animate: cannot write {str(path)!r}: the suffix must be .gif or "
-            ".mp4"
-        )
-    if suffix == ".mp4" and not animation.FFMpegWriter.isAvailable():
-        raise RuntimeError(
-            f"cdiff.animate: writing {str(path)!r} needs ffmpeg, which was not found "
-            "on the PATH; install it, or write a .gif instead"
-        )
     if not fps > 0:
         raise ValueError(f"cdiff.animate: fps must be positive, got {fps}")
     if max_frames < 1:
@@ -131,7 +115,7 @@ def animate(
             path_line.set_data(points[: k + 1, trail, 0], points[: k + 1, trail, 1])
         label.set_text(f"t = {ts[k]:.3f} s")
 
-    if suffix == ".gif":
+    if path.suffix.lower() == ".gif":
         writer = animation.PillowWriter(fps=fps)
     else:
         writer = animation.FFMpegWriter(fps=fps)
@@ -140,6 +124,33 @@ def animate(
         for k in range(len(ts)):
             draw(k)
             writer.grab_frame()
+    return path
+
+
+def check_target(model, path) -> Path:
+    """`path` as a `Path` if `model` can be drawn there; raises as `animate` does
+    (`ValueError` for a model without `sketch` or a suffix other than .gif and
+    .mp4, `RuntimeError` for .mp4 without ffmpeg). The command line calls it
+    before a run."""
+    from matplotlib import animation
+
+    if not callable(getattr(model, "sketch", None)):
+        raise ValueError(
+            f"cdiff.animate: {type(model).__name__} has no `sketch(q)` method, so it "
+            "cannot be drawn (only planar models are; see cdiff.Sketch)"
+        )
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix not in _SUFFIXES:
+        raise ValueError(
+            f"cdiff.animate: cannot write {str(path)!r}: the suffix must be .gif or "
+            ".mp4"
+        )
+    if suffix == ".mp4" and not animation.FFMpegWriter.isAvailable():
+        raise RuntimeError(
+            f"cdiff.animate: writing {str(path)!r} needs ffmpeg, which was not found "
+            "on the PATH; install it, or write a .gif instead"
+        )
     return path
 
 

@@ -77,7 +77,8 @@ class Solution(eqx.Module):
     def succeeded(self) -> Bool[Array, "*batch"]:
         """Whether the solve reached `t1` (a boolean array, one per trajectory of a
         batched solution; works inside `jit` and `vmap`)."""
-        return self.result == self.result._enumeration.successful  # or DAEResults
+        # diffrax.RESULTS or its extension cdiff.DAEResults: compare within its own.
+        return self.result == self.result._enumeration.successful
 
     @property
     def message(self) -> str:
@@ -314,8 +315,7 @@ def _simulate(
         # that a step recomputed for reverse mode has bit-identical times (see
         # UniformGrid); `dt` becomes the step actually taken.
         stepsize_controller = UniformGrid.build(t0, t1, dt, max_steps + 1)
-        dt = (t1 - t0) / jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
-        dt0 = None
+        dt, dt0 = stepsize_controller.step, None
     y0 = formulation.init_state(t0, q0, v0, context)
     # A zero placeholder for the per-step data (see FrozenStep).
     frozen0 = jax.tree.map(

@@ -33,6 +33,7 @@ import numpy as np
 
 import cdiff
 from cdiff import _cli_study
+from cdiff._animate import check_target as check_animation_target
 from cdiff._model import has_energy as model_has_energy
 from cdiff.models import MODELS
 
@@ -396,22 +397,11 @@ def _animation_path(args, parser, model) -> Path | None:
     another suffix than .gif or .mp4, or .mp4 without ffmpeg."""
     if args.animate is None:
         return None
-    if not callable(getattr(model, "sketch", None)):
-        parser.error(f"--animate: {args.model} is not a planar model (it has no "
-                     "sketch)")
-    if args.animate is True:
-        return args.out / f"{args.model}.gif"
-    path = Path(args.animate)
-    suffix = path.suffix.lower()
-    if suffix not in (".gif", ".mp4"):
-        parser.error(f"--animate: {args.animate!r} must end in .gif or .mp4")
-    if suffix == ".mp4":
-        from matplotlib.animation import FFMpegWriter
-
-        if not FFMpegWriter.isAvailable():
-            parser.error("--animate: writing .mp4 needs ffmpeg, which was not found "
-                         "on the PATH; write a .gif instead")
-    return path
+    path = args.out / f"{args.model}.gif" if args.animate is True else args.animate
+    try:
+        return check_animation_target(model, path)
+    except (ValueError, RuntimeError) as e:
+        parser.error(f"--animate ({args.model}): {e}")
 
 
 def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:

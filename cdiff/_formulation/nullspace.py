@@ -247,7 +247,12 @@ class NullSpace(AbstractFormulation):
         `x = (q, nu, R)`: $\dot q = S\nu + \eta$,
         $\dot\nu = f_\nu(x) + g_\nu(x)u$ (see [`cdiff.ControlAffine`][])."""
         q, nu, R = x
-        S, qdot, gamma, M, chol, _ = self._terms(t, q, nu, R, context)
+        return self._control_affine(t, q, nu, self._terms(t, q, nu, R, context),
+                                    context)
+
+    def _control_affine(self, t, q, nu, terms, context: Context) -> ControlAffine:
+        """`control_affine` from the quantities `_terms` computed."""
+        S, qdot, gamma, M, chol, _ = terms
         model = context.model
         Q = model.forces(t, q, qdot)
         E = model.input_matrix(t, q)
@@ -276,10 +281,11 @@ class NullSpace(AbstractFormulation):
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen
         q, nu, R = y
-        S, qdot, gamma, M, chol, pinv = self._terms(t, q, nu, R, context)
+        terms = self._terms(t, q, nu, R, context)
+        S, qdot, gamma, M, chol, pinv = terms
         if isinstance(context.control, AbstractStateFeedback):
-            # State feedback u(t, x) on eq. 28 (computed once per evaluation).
-            sys = self.control_affine(t, y, context)
+            # State feedback u(t, x) on eq. 28, from the terms computed above.
+            sys = self._control_affine(t, q, nu, terms, context)
             u = jnp.asarray(context.control.feedback(t, sys), dtype=q.dtype)
             model = context.model
             F = model.forces(t, q, qdot) + model.input_matrix(t, q) @ u

@@ -25,14 +25,16 @@ class UniformGrid(diffrax.AbstractStepSizeController):
     """
 
     ts: Float[Array, " N"]
+    step: Float[Array, ""]
 
     @classmethod
     def build(cls, t0, t1, dt, length: int) -> "UniformGrid":
-        """The grid of $\\lceil (t_1 - t_0)/dt\\rceil$ steps, padded with $t_1$ to
-        `length` times (`length - 1` at least the number of steps)."""
+        """The grid of $n = \\lceil (t_1 - t_0)/dt\\rceil$ steps of
+        `step` $= (t_1 - t_0)/n$, padded with $t_1$ to `length` times (`length - 1`
+        at least the number of steps)."""
         n = jnp.ceil((t1 - t0) / jnp.nextafter(dt, jnp.inf))
         k = jnp.arange(length, dtype=jnp.result_type(t0, t1, dt))
-        return cls(jnp.where(k >= n, t1, t0 + (t1 - t0) * (k / n)))
+        return cls(jnp.where(k >= n, t1, t0 + (t1 - t0) * (k / n)), (t1 - t0) / n)
 
     def wrap(self, direction):
         return self

@@ -46,7 +46,9 @@ class Minimal(eqx.Module):
 
 
 def _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps):
-    """`(q, v)` at `ts` (rows non-finite where the solve failed)."""
+    """`(q, v, phi_q, phi_v, energy)` at `ts`: the states (non-finite where the
+    solve failed), the holonomic and velocity-level residuals and the energy
+    (`None` without one)."""
     if isinstance(formulation, Minimal):
         ode = model.minimal_ode()
         sol = diffrax.diffeqsolve(
@@ -55,32 +57,32 @@ def _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps):
                                                   max_steps + 1),
             saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps, throw=False,
         )
-        ys = jnp.where(sol.result == diffrax.RESULTS.successful, sol.ys, jnp.nan)
-        return ode.state(ys)
+        q, v = ode.state(jnp.where(sol.result == diffrax.RESULTS.successful,
+                                   sol.ys, jnp.nan))
+
+        def residuals(t, q, v):
+            kin = kinematics(model, t, q, v)
+            energy = model.energy(t, q, v) if has_energy(model) else None
+            return kin.phi_q, kin.velocity_residual, energy
+
+        return q, v, *jax.vmap(residuals)(ts, q, v)
+    # simulate's diagnostics already hold the residuals and the energy.
     sol = simulate(model, formulation, q0, v0, t1=t1, dt=dt, solver=solver,
                    saveat=diffrax.SaveAt(ts=ts), max_steps=max_steps, throw=False)
     return (jnp.where(sol.succeeded, sol.q, jnp.nan),
-            jnp.where(sol.succeeded, sol.v, jnp.nan))
+            jnp.where(sol.succeeded, sol.v, jnp.nan),
+            sol.holonomic_residual, sol.velocity_residual, sol.energy)
 
 
-def _measures(model, ts, q, v, e0, obs_ref):
+def _measures(model, q, v, phi_q, phi_v, energy, e0, obs_ref):
     """The four maxima over the saved rows; all `inf` if any row is not finite."""
-    def residuals(t, q, v):
-        kin = kinematics(model, t, q, v)
-        return kin.phi_q, kin.velocity_residual
-
-    phi_q, phi_v = jax.vmap(residuals)(ts, q, v)
-
     def amax(x):
         return jnp.max(jnp.abs(x)) if x.size else jnp.zeros((), q.dtype)
 
-    out = [amax(phi_q), amax(phi_v)]
-    if has_energy(model):
-        out.append(amax(jax.vmap(model.energy)(ts, q, v) - e0))
-    else:
-        out.append(jnp.asarray(jnp.nan, q.dtype))
+    nan = jnp.asarray(jnp.nan, q.dtype)
+    out = [amax(phi_q), amax(phi_v), nan if energy is None else amax(energy - e0)]
     if obs_ref is None:
-        out.append(jnp.asarray(jnp.nan, q.dtype))
+        out.append(nan)
     else:
         diff = model.observable(q) - obs_ref
         out.append(jnp.max(jnp.sqrt(jnp.sum(diff**2, axis=-1))))
@@ -106,16 +108,16 @@ def _index(formulation, axes, i):
 def _batch(model, formulation, axes, solver, q0, v0, t1, dts, ts, max_steps, e0,
            obs_ref):
     def one(dt, form):
-        q, v = _trajectory(model, form, solver, q0, v0, t1, dt, ts, max_steps)
-        return _measures(model, ts, q, v, e0, obs_ref)
+        return _measures(model, *_trajectory(model, form, solver, q0, v0, t1, dt,
+                                             ts, max_steps), e0, obs_ref)
 
     return eqx.filter_vmap(one, in_axes=(0, axes))(dts, formulation)
 
 
 @eqx.filter_jit
 def _single(model, formulation, solver, q0, v0, t1, dt, ts, max_steps, e0, obs_ref):
-    q, v = _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps)
-    return _measures(model, ts, q, v, e0, obs_ref)
+    return _measures(model, *_trajectory(model, formulation, solver, q0, v0, t1, dt,
+                                         ts, max_steps), e0, obs_ref)
 
 
 def _block(x):
