@@ -289,3 +289,24 @@ def test_energy_law_time_dependent():
         _close(law.energy, 0.5 * (v0**2 + v1**2) + t * q0**2 + q1 * v0)
         _close(law.A_e, [v0 + q1, v1])
         _close(law.b_e, -(q0**2) - (2 * t * q0 * r0 + v0 * r1))
+
+
+def test_jacobian_matches_forward_mode_and_handles_no_rows():
+    from cdiff._kinematics import jacobian
+
+    def f(x):
+        return jnp.stack([jnp.sin(x[0]) * x[1], x[2] ** 3 - jnp.cos(x[1]) * x[0]])
+
+    x = jnp.array([0.3, -1.2, 0.7])
+    y, J = jax.jit(jacobian, static_argnums=0)(f, x)
+    np.testing.assert_allclose(y, f(x), rtol=1e-15)
+    np.testing.assert_allclose(J, jax.jacfwd(f)(x), rtol=1e-14, atol=1e-15)
+    # Under vmap, and with its own derivative (the Jacobian is differentiated when
+    # gradients are taken through a simulation).
+    xs = jnp.stack([x, 2 * x])
+    np.testing.assert_allclose(jax.vmap(lambda x: jacobian(f, x)[1])(xs),
+                               jax.vmap(jax.jacfwd(f))(xs), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(jax.jacfwd(lambda x: jacobian(f, x)[1])(x),
+                               jax.jacfwd(jax.jacfwd(f))(x), rtol=1e-13, atol=1e-14)
+    y0, J0 = jacobian(lambda x: jnp.zeros((0,)), x)
+    assert y0.shape == (0,) and J0.shape == (0, 3)

@@ -394,3 +394,62 @@ def test_mass_factor_ok_under_jit_and_vmap():
     Ms = jnp.stack([jnp.eye(2), jnp.diag(jnp.asarray([1.0, -1.0]))])
     ok = jax.jit(jax.vmap(lambda M: MassFactor(M).ok))(Ms)
     np.testing.assert_array_equal(ok, [True, False])
+
+
+# --- The unrolled small-matrix kernels against LAPACK -----------------------------
+
+from cdiff._linalg import UNROLL, cho_solve, cholesky, gram, matvec, solve_triangular
+
+
+def _spd(rng, n):
+    X = rng.standard_normal((n, n))
+    return X @ X.T + n * np.eye(n)
+
+
+@pytest.mark.parametrize("n", [1, 2, 5, UNROLL, UNROLL + 1])
+def test_cholesky_and_solves_match_lapack(n):
+    rng = np.random.default_rng(n)
+    A = _spd(rng, n)
+    L = np.asarray(jax.jit(cholesky)(jnp.asarray(A)))
+    np.testing.assert_allclose(L, np.linalg.cholesky(A), rtol=1e-12, atol=1e-12)
+    for rhs in (rng.standard_normal(n), rng.standard_normal((n, 3))):
+        for lower in (True, False):
+            T = L if lower else L.T
+            for trans in (False, True):
+                ref = np.linalg.solve(T.T if trans else T, rhs)
+                x = solve_triangular(jnp.asarray(T), jnp.asarray(rhs), lower=lower,
+                                     trans=trans)
+                np.testing.assert_allclose(x, ref, rtol=1e-11, atol=1e-12)
+        np.testing.assert_allclose(cho_solve(jnp.asarray(L), jnp.asarray(rhs)),
+                                   np.linalg.solve(A, rhs), rtol=1e-11, atol=1e-12)
+
+
+def test_cholesky_of_indefinite_or_singular_matrix_is_nan():
+    # LAPACK's failure is reported as NaN by jnp.linalg.cholesky; the unrolled
+    # factor must not return a zero pivot (which would give inf downstream).
+    for A in (np.diag([1.0, 0.0, 2.0]), np.diag([1.0, -1.0, 2.0])):
+        assert np.isnan(np.asarray(cholesky(jnp.asarray(A)))).any()
+    assert np.isnan(np.asarray(jnp.linalg.cholesky(jnp.diag(jnp.array([1.0, -1.0]))))).any()
+
+
+def test_cholesky_batched_and_gradient_match_lapack():
+    rng = np.random.default_rng(3)
+    A = jnp.asarray(np.stack([_spd(rng, 5) for _ in range(7)]))
+    np.testing.assert_allclose(jax.vmap(cholesky)(A), jnp.linalg.cholesky(A),
+                               rtol=1e-12, atol=1e-12)
+    w = jnp.asarray(rng.standard_normal((5, 5)))
+
+    def loss(chol, A):
+        return jnp.sum(w * chol(A + A.T))
+
+    g = jax.grad(lambda A: loss(cholesky, A))(A[0])
+    g_ref = jax.grad(lambda A: loss(jnp.linalg.cholesky, A))(A[0])
+    np.testing.assert_allclose(g, g_ref, rtol=1e-10, atol=1e-12)
+
+
+def test_gram_and_matvec():
+    rng = np.random.default_rng(4)
+    C, x = rng.standard_normal((3, 5)), rng.standard_normal(5)
+    np.testing.assert_allclose(gram(jnp.asarray(C)), C @ C.T, rtol=1e-13)
+    np.testing.assert_allclose(matvec(jnp.asarray(C), jnp.asarray(x)), C @ x,
+                               rtol=1e-13)

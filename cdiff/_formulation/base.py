@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from .._kinematics import kinematics
-from .._linalg import MassFactor, PseudoInverse
+from .._linalg import MassFactor, PseudoInverse, matvec
 from .._model import AbstractModel
 
 
@@ -139,16 +139,19 @@ def free_motion(context: Context, t, q, v):
 
 
 def constrained_acceleration(
-    mf: MassFactor, A_v, r_v, rtol=None
+    mf: MassFactor, A_v, r_v, rtol=None, pinv: PseudoInverse | None = None
 ) -> tuple[Float[Array, " nq"], Float[Array, " k"], PseudoInverse]:
     r"""The mass-weighted minimum-norm correction $R^{-1}C^+ r$ of the unconstrained
     acceleration, with $C = A_v R^{-1}$ (Braun-Goldfarb eq. 13; for full-rank
     $A_v$ the same as the Schur-complement solution of the KKT system).
 
+    `pinv`, when given, is the factorised pseudoinverse of $C$ already at hand.
+
     **Returns:** the weighted correction $y = C^+ r = C^T\lambda$ (so that
     $\dot v = a + R^{-1}y$ and the constraint force is $R^Ty = A_v^T\lambda$), the
     multipliers $\lambda$, and the factorised pseudoinverse, reused by callers.
     """
-    pinv = PseudoInverse(mf.weight(A_v), rtol)
+    if pinv is None:
+        pinv = PseudoInverse(mf.weight(A_v), rtol)
     lam = pinv.multipliers(r_v)
-    return pinv.C.T @ lam, lam, pinv
+    return matvec(pinv.C.T, lam), lam, pinv

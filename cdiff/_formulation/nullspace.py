@@ -11,7 +11,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._kinematics import kinematics
-from .._linalg import PseudoInverse, default_rtol
+from .._linalg import PseudoInverse, cho_solve, cholesky, default_rtol, solve_triangular
 from .._model import AbstractModel
 from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
 from .projection import projector
@@ -188,9 +188,7 @@ class NullSpace(AbstractFormulation):
         rank: normal equations). S nu + eta is then the Euclidean projection of v
         onto the admissible velocities (eta lies in the row space of A)."""
         S, eta, _ = self._basis(model, t, q, R)
-        return jax.scipy.linalg.cho_solve(
-            (jnp.linalg.cholesky(S.T @ S), True), S.T @ (v - eta)
-        )
+        return cho_solve(cholesky(S.T @ S), S.T @ (v - eta))
 
     def coordinates(self, t, y, context: Context):
         q, nu, R = y
@@ -212,8 +210,8 @@ class NullSpace(AbstractFormulation):
         """Re-orthonormalise the transported basis; the velocity is unchanged."""
         q, nu, R = y
         S, _, _ = self._basis(context.model, t, q, R)
-        L = jnp.linalg.cholesky(S.T @ S)
-        R = jax.scipy.linalg.solve_triangular(L, S.T, lower=True).T  # S L^{-T}
+        L = cholesky(S.T @ S)
+        R = solve_triangular(L, S.T).T  # S L^{-T}
         return q, L.T @ nu, R
 
     # --- dynamics (eq. 28) ----------------------------------------------------------
@@ -232,7 +230,7 @@ class NullSpace(AbstractFormulation):
         M = model.mass_matrix(t, q)
         mass_factor(model, t, q)  # positive-definiteness check
         SMS = S.T @ M @ S
-        chol = jnp.linalg.cholesky(SMS)
+        chol = cholesky(SMS)
         chol = eqx.error_if(
             chol,
             ~jnp.all(jnp.isfinite(chol)),
@@ -256,8 +254,8 @@ class NullSpace(AbstractFormulation):
         model = context.model
         Q = model.forces(t, q, qdot)
         E = model.input_matrix(t, q)
-        drift = jax.scipy.linalg.cho_solve((chol, True), S.T @ (Q - M @ gamma))
-        gain = jax.scipy.linalg.cho_solve((chol, True), S.T @ E)
+        drift = cho_solve(chol, S.T @ (Q - M @ gamma))
+        gain = cho_solve(chol, S.T @ E)
         return ControlAffine(q, nu, qdot, S, gamma, drift, gain)
 
     def f(self, t, x, context: Context):
@@ -291,7 +289,7 @@ class NullSpace(AbstractFormulation):
             F = model.forces(t, q, qdot) + model.input_matrix(t, q) @ u
         else:
             F = applied_forces(context, t, q, qdot)
-        nudot = jax.scipy.linalg.cho_solve((chol, True), S.T @ (F - M @ gamma))
+        nudot = cho_solve(chol, S.T @ (F - M @ gamma))
         force = M @ (S @ nudot + gamma) - F  # in the row space of A
         rate = (qdot, nudot, jnp.zeros_like(R))
         return Dynamics(rate, force, pinv.multipliers(pinv.C @ force))

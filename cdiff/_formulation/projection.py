@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float
 
 from .._kinematics import kinematics
-from .._linalg import PseudoInverse
+from .._linalg import PseudoInverse, cho_solve, cholesky
 from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
 
 Inertia = Literal["Mc", "Mc_sym", "Mc_gamma"]
@@ -135,9 +135,7 @@ class Projection(AbstractFormulation):
         qdd_perp = pinv.solve(kin.b_v)  # (I - P) qdd = C qdot, eq. 16
         Mc, K = constraint_inertia(M, P, self.inertia, self.gamma)
         if self.inertia == "Mc_sym":
-            qdd = jax.scipy.linalg.cho_solve(
-                (jnp.linalg.cholesky(Mc), True), P @ f + K @ qdd_perp
-            )
+            qdd = cho_solve(cholesky(Mc), P @ f + K @ qdd_perp)
         else:
             qdd = jnp.linalg.solve(Mc, P @ f + K @ qdd_perp)
         force = (M @ qdd - f) - P @ (M @ qdd - f)  # eq. 32

@@ -6,8 +6,8 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._kinematics import energy_law, kinematics
-from .._linalg import PseudoInverse, default_rtol
+from .._kinematics import energy_law, residuals
+from .._linalg import PseudoInverse, default_rtol, matvec
 from .base import (
     AbstractFormulation,
     Context,
@@ -98,7 +98,7 @@ class UdwadiaKalaba(AbstractFormulation):
         q, v = y0
         model = context.model
         dt = t1 - t0
-        kin = kinematics(model, t0, q, v)
+        phi_q, phi_v = residuals(model, t0, q, v)
         scale = 1.0 if self.constraint_correction else 0.0
         if self.energy_correction:
             energy = model.energy(t0, q, v)
@@ -108,8 +108,8 @@ class UdwadiaKalaba(AbstractFormulation):
         else:
             phi_e = damping_e = jnp.zeros((), q.dtype)
         return _Deltas(
-            delta_q=scale * kin.phi_q / dt,
-            delta_v=scale * kin.velocity_residual / dt,
+            delta_q=scale * phi_q / dt,
+            delta_v=scale * phi_v / dt,
             delta_e=phi_e / dt,
             damping_e=jax.lax.stop_gradient(damping_e),
         )
@@ -118,18 +118,20 @@ class UdwadiaKalaba(AbstractFormulation):
         q, v = y
         model = context.model
         mf, a, kin = free_motion(context, t, q, v)
+        pinv_v = PseudoInverse(mf.weight(kin.A_v), self.rtol)
         # Eq. 16: velocity-level correction by an ideal impulse.
         if self.constraint_correction:
-            pinv_q = PseudoInverse(mf.weight(kin.A_q), self.rtol)
-            r_q = kin.b_q - kin.A_q @ v - frozen.delta_q
+            if kin.A_v.shape[0] == kin.A_q.shape[0]:  # no nonholonomic rows: C_q = C_v
+                pinv_q = pinv_v
+            else:
+                pinv_q = PseudoInverse(mf.weight(kin.A_q), self.rtol)
+            r_q = -kin.dphi_q - frozen.delta_q  # b_q - A_q v = -dPhi_q/dt
             dq = v + mf.unweight(pinv_q.solve(r_q))
         else:
             dq = v
         # Eq. 17: ideal constraint force.
-        r_v = kin.b_v - kin.A_v @ a - frozen.delta_v
-        y_v, multipliers, pinv_v = constrained_acceleration(
-            mf, kin.A_v, r_v, self.rtol
-        )
+        r_v = kin.b_v - matvec(kin.A_v, a) - frozen.delta_v
+        y_v, multipliers, _ = constrained_acceleration(mf, kin.A_v, r_v, pinv=pinv_v)
         # The ideal constraint force R^T C_v^+ (...) of eq. 11.
         force = mf.times_R_transpose(y_v)
         # Eq. 20: nonideal energy-correction force, tangent to the constraints.
@@ -137,7 +139,7 @@ class UdwadiaKalaba(AbstractFormulation):
             law = energy_law(model, t, q, v, qdot=dq)
             c_e = mf.weight(law.A_e[None])[0]
             w = pinv_v.null_project(c_e)  # (C_e N_v)^T = N_v C_e^T
-            r_ev = law.b_e - law.A_e @ a - frozen.delta_e - c_e @ y_v
+            r_ev = law.b_e - jnp.sum(law.A_e * a) - frozen.delta_e - jnp.sum(c_e * y_v)
             y_e = PseudoInverse(w[None], damping=frozen.damping_e).solve(r_ev[None])
             y_v = y_v + y_e
         return Dynamics((dq, a + mf.unweight(y_v)), force, multipliers)

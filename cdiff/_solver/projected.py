@@ -23,12 +23,11 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 from jaxtyping import Array, Float, Int
 
 from .._formulation.base import Context, mass_factor
 from .._kinematics import holonomic_jacobian, velocity_constraints
-from .._linalg import PseudoInverse, default_rtol
+from .._linalg import PseudoInverse, default_rtol, solve_triangular
 from .._model import AbstractModel
 from .base import AbstractForwardingSolver
 
@@ -222,7 +221,7 @@ class GradientProjection(AbstractProjection):
             C, scale = A, jnp.ones(A.shape[1], A.dtype)
         # A^T L^{-T} with L L^T = C C^T (damped): orthonormal-basis components.
         chol = PseudoInverse(C, self.rtol).chol
-        Y = jsl.solve_triangular(chol, A, lower=True).T
+        Y = solve_triangular(chol, A).T
         return Y / scale[:, None]
 
     def dependent(self, model: AbstractModel, t, q, A) -> Int[Array, " k"]:
