@@ -176,3 +176,21 @@ def test_command_line_writes_tables_and_figures(tmp_path, capsys):
         assert (tmp_path / f"slider-crank-step-size.{suffix}").stat().st_size > 0
     with pytest.raises(SystemExit):
         main(["study", "step-size", "slider-crank", "--t1", "1", "--dts", "2"])
+
+
+def test_off_grid_step_sizes_interpolate_like_simulate():
+    # 0.03 and 0.07 do not divide the 0.1 s measurement spacing: the study falls
+    # back from its own loop on the step grid to diffeqsolve with SaveAt(ts),
+    # and must still equal separate simulations (interpolated alike).
+    from cdiff.studies._sweeps import _steps_per_save
+
+    dts = np.array([3e-2, 7e-2])
+    assert _steps_per_save(dts, T1, N_SAVE) is None
+    assert list(_steps_per_save(DTS, T1, N_SAVE)) == [5, 2, 1]
+    study = cdiff.studies.step_size_study(MODEL, {"UK": cdiff.UdwadiaKalaba()}, dts,
+                                          T1, n_save=N_SAVE, time_each=False,
+                                          progress=False)
+    for i, dt in enumerate(dts):
+        expected = _independent(_separate(cdiff.UdwadiaKalaba(), jnp.asarray(dt)))
+        got = np.array([study[c][i] for c in COLUMNS])
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-16)

@@ -19,7 +19,14 @@ import numpy as np
 from .._formulation.base import AbstractFormulation
 from .._kinematics import kinematics
 from .._model import AbstractModel, has_energy
-from .._simulate import constant_steps, simulate
+from .._simulate import (
+    _checked_context,
+    _VectorField,
+    constant_steps,
+    diagnostics,
+    simulate,
+)
+from .._solver.frozen import FrozenStep
 from .._solver.grid import UniformGrid
 from .._solver.rk4 import RK4
 from ._table import Table
@@ -74,6 +81,83 @@ def _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps):
             sol.holonomic_residual, sol.velocity_residual, sol.energy)
 
 
+def _steps_per_save(dts, t1: float, n_save: int) -> np.ndarray | None:
+    """Steps between two measurement times for every step size, when every
+    measurement time is the end of a step for all of them (else `None`)."""
+    n = np.array([constant_steps(0.0, t1, dt) for dt in dts])
+    k = n // n_save
+    return k if np.all(k * n_save == n) else None
+
+
+def _grid_solve(terms, solver, y0, args, t1, k, n_save: int):
+    r"""States after every `k` steps of $h = t_1/(k\,n_\text{save})$ from $t = 0$
+    (the steps `simulate` takes), and whether each was reached by successful
+    steps: the study's integrator on the step grid.
+
+    One `lax.scan` over the measurement times holds a loop of `k` steps, so every
+    measured state is a scan output: under `jax.vmap` over step sizes (a traced
+    `k` per trajectory) nothing is written to a per-trajectory row of a save
+    buffer, and the loop carries the state only. Per step it does what
+    `diffeqsolve` does with [`cdiff.simulate`][]'s `UniformGrid`; a trajectory
+    that fails keeps stepping from its initial state, and its later rows are
+    marked unreached, so that no model function sees a non-finite state.
+    """
+    n = k * n_save
+    dtype = jnp.result_type(t1)
+    ok0 = jnp.asarray(True)
+
+    def step(i, carry):
+        y, state, ok = carry
+        ta = t1 * (jnp.asarray(i, dtype) / jnp.asarray(n, dtype))
+        tb = jnp.where(i + 1 == n, t1,
+                       t1 * (jnp.asarray(i + 1, dtype) / jnp.asarray(n, dtype)))
+        y_in = jax.tree.map(lambda a, b: jnp.where(ok, a, b), y, y0)
+        y1, _, _, state, result = solver.step(terms, ta, tb, y_in, args, state, False)
+        ok = ok & (result == diffrax.RESULTS.successful)
+        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), y1, y), state, ok
+
+    def interval(carry, j):
+        carry = jax.lax.fori_loop(j * k, (j + 1) * k, step, carry)
+        return carry, (carry[0], carry[2])
+
+    state0 = solver.init(terms, jnp.zeros_like(t1), t1 / jnp.asarray(n, dtype), y0, args)
+    _, (ys, ok) = jax.lax.scan(interval, (y0, state0, ok0), jnp.arange(n_save))
+    return ys, ok
+
+
+def _trajectory_on_grid(model, formulation, solver, q0, v0, t1, k, ts):
+    """`_trajectory` for measurement times on every step grid (`_grid_solve`)."""
+    n_save = ts.shape[0]
+    t0 = jnp.zeros_like(t1)
+    if isinstance(formulation, Minimal):
+        ode = model.minimal_ode()
+        ys, ok = _grid_solve(diffrax.ODETerm(ode.rhs), solver, ode.y0, ode.args, t1,
+                             k, n_save)
+        q, v = ode.state(ys)
+
+        def residuals(t, q, v):
+            kin = kinematics(model, t, q, v)
+            energy = model.energy(t, q, v) if has_energy(model) else None
+            return kin.phi_q, kin.velocity_residual, energy
+
+        phi_q, phi_v, energy = jax.vmap(residuals)(ts, q, v)
+    else:
+        dt = t1 / jnp.asarray(k * n_save, t1.dtype)
+        q0, t1, dt, context = _checked_context(model, formulation, None, q0, v0, t0,
+                                               t1, dt)
+        y0 = formulation.init_state(t0, q0, v0, context)
+        frozen0 = jax.tree.map(jnp.zeros_like,
+                               formulation.freeze(t0, t0 + dt, y0, context))
+        ys, ok = _grid_solve(diffrax.ODETerm(_VectorField(formulation)),
+                             FrozenStep(solver, formulation), y0, (context, frozen0),
+                             t1, k, n_save)
+        phi_q, phi_v, energy, _, _, q, v = diagnostics(formulation, context, dt, ts,
+                                                       ys)
+    nan = jnp.asarray(jnp.nan, q.dtype)
+    return (jnp.where(ok[:, None], q, nan), jnp.where(ok[:, None], v, nan), phi_q,
+            phi_v, energy)
+
+
 def _measures(model, q, v, phi_q, phi_v, energy, e0, obs_ref):
     """The four maxima over the saved rows; all `inf` if any row is not finite."""
     def amax(x):
@@ -118,6 +202,22 @@ def _batch(model, formulation, axes, solver, q0, v0, t1, dts, ts, max_steps, e0,
 def _single(model, formulation, solver, q0, v0, t1, dt, ts, max_steps, e0, obs_ref):
     return _measures(model, *_trajectory(model, formulation, solver, q0, v0, t1, dt,
                                          ts, max_steps), e0, obs_ref)
+
+
+@eqx.filter_jit
+def _batch_on_grid(model, formulation, axes, solver, q0, v0, t1, ks, ts, e0,
+                   obs_ref):
+    def one(k, form):
+        return _measures(model, *_trajectory_on_grid(model, form, solver, q0, v0, t1,
+                                                     k, ts), e0, obs_ref)
+
+    return eqx.filter_vmap(one, in_axes=(0, axes))(ks, formulation)
+
+
+@eqx.filter_jit
+def _single_on_grid(model, formulation, solver, q0, v0, t1, k, ts, e0, obs_ref):
+    return _measures(model, *_trajectory_on_grid(model, formulation, solver, q0, v0,
+                                                 t1, k, ts), e0, obs_ref)
 
 
 def _block(x):
@@ -178,15 +278,34 @@ def _check_formulation(model, name, formulation):
 def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
          repeat: int = 1):
     """The measures of every step size (rows of `dts`) in one vmapped call,
-    and its timings."""
+    and its timings. When every measurement time ends a step of every step size
+    the study's own loop on the step grid runs (`_grid_solve`), else
+    `diffeqsolve` with `SaveAt(ts)` (interpolating between steps)."""
     n = len(dts)
     axes = _axes(formulation, n)
-    max_steps = max(constant_steps(0.0, float(setup.t1), dt) for dt in dts)
-    args = (model, formulation, axes, solver, setup.q0, setup.v0, setup.t1,
-            jnp.asarray(dts), setup.ts, max_steps, setup.e0, setup.obs_ref)
+    ks = _steps_per_save(dts, float(setup.t1), int(setup.ts.shape[0]))
+    if ks is not None:
+        args = (model, formulation, axes, solver, setup.q0, setup.v0, setup.t1,
+                jnp.asarray(ks), setup.ts, setup.e0, setup.obs_ref)
+        batch = _batch_on_grid
+
+        def single(i):
+            return _single_on_grid(model, _index(formulation, axes, i), solver,
+                                   setup.q0, setup.v0, setup.t1, jnp.asarray(ks[i]),
+                                   setup.ts, setup.e0, setup.obs_ref)
+    else:
+        max_steps = max(constant_steps(0.0, float(setup.t1), dt) for dt in dts)
+        args = (model, formulation, axes, solver, setup.q0, setup.v0, setup.t1,
+                jnp.asarray(dts), setup.ts, max_steps, setup.e0, setup.obs_ref)
+        batch = _batch
+
+        def single(i):
+            return _single(model, _index(formulation, axes, i), solver, setup.q0,
+                           setup.v0, setup.t1, jnp.asarray(dts[i]), setup.ts,
+                           max_steps, setup.e0, setup.obs_ref)
+
     start = time.perf_counter()
-    lowered = _batch.lower(*args)
-    compiled = lowered.compile()
+    compiled = batch.lower(*args).compile()
     compile_time = time.perf_counter() - start
     batch_time = np.inf
     for _ in range(repeat):
@@ -195,12 +314,7 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
         batch_time = min(batch_time, time.perf_counter() - start)
     each = np.full(n, np.nan)
     if time_each:
-        def single(i):
-            return _single(model, _index(formulation, axes, i), solver, setup.q0,
-                           setup.v0, setup.t1, jnp.asarray(dts[i]), setup.ts,
-                           max_steps, setup.e0, setup.obs_ref)
-
-        _block(single(0))  # compile (dt is traced: one compilation for all)
+        _block(single(0))  # compile (dt or k is traced: one compilation for all)
         for i in range(n):
             for _ in range(repeat):
                 start = time.perf_counter()
