@@ -55,6 +55,8 @@ arithmetic. Larger matrices go to `jax.numpy.linalg`.
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -79,47 +81,112 @@ def matvec(A: Float[Array, "k n"], x: Float[Array, " n"]) -> Float[Array, " k"]:
 
 
 def cholesky(A: Float[Array, "n n"]) -> Float[Array, "n n"]:
-    """Lower Cholesky factor `L` of a symmetric positive definite `A = L L^T`
+    r"""Lower Cholesky factor `L` of a symmetric positive definite `A = L L^T`
     (only the lower triangle of `A` is read). NaN where `A` is not positive
-    definite, as `jnp.linalg.cholesky`."""
+    definite, as `jnp.linalg.cholesky`. Differentiated by the matrix formula
+    $dL = L\,\Phi(L^{-1}\,dA\,L^{-T})$ ($\Phi$: the lower triangle with half the
+    diagonal), not through the unrolled factorisation."""
     n = A.shape[-1]
     if n > UNROLL:
         return jnp.linalg.cholesky(A)
-    zero = jnp.zeros_like(A[0, 0])
+    return _cholesky(A)
+
+
+def _entries(A):
+    """The entries of a small matrix as a nested list of scalars (`lax` slices:
+    tracing cost matters, these kernels are traced entry by entry)."""
+    n, m = A.shape
+    rows = [jax.lax.index_in_dim(A, i, 0, keepdims=False) for i in range(n)]
+    return [[jax.lax.index_in_dim(r, j, 0, keepdims=False) for j in range(m)]
+            for r in rows]
+
+
+def _stack(values, shape):
+    """`values` (scalars or equal-shaped arrays) stacked along a new first axis."""
+    parts = [jax.lax.broadcast_in_dim(v, (1, *v.shape), tuple(range(1, v.ndim + 1)))
+             for v in values]
+    return jax.lax.reshape(jax.lax.concatenate(parts, 0), shape)
+
+
+@jax.custom_jvp
+def _cholesky(A):
+    n = A.shape[-1]
+    a = _entries(A)
+    zero = jnp.zeros((), A.dtype)
+    one = jnp.ones((), A.dtype)
+    nan = jnp.full((), jnp.nan, A.dtype)
+    mul, sub = jax.lax.mul, jax.lax.sub
     L = [[zero] * n for _ in range(n)]
     for j in range(n):
-        s = A[j, j] - sum((L[j][k] ** 2 for k in range(j)), zero)
+        s = a[j][j]
+        for k in range(j):
+            s = sub(s, mul(L[j][k], L[j][k]))
         # A non-positive pivot gives NaN (as LAPACK's failure does), never 0 or inf.
-        pos = s > 0
-        d = jnp.where(pos, jnp.sqrt(jnp.where(pos, s, 1)), jnp.nan)
+        pos = jax.lax.gt(s, zero)
+        d = jax.lax.select(pos, jax.lax.sqrt(jax.lax.select(pos, s, one)), nan)
         L[j][j] = d
-        inv = 1 / d
+        inv = jax.lax.div(one, d)
         for i in range(j + 1, n):
-            s = A[i, j] - sum((L[i][k] * L[j][k] for k in range(j)), zero)
-            L[i][j] = s * inv
-    return jnp.stack([jnp.stack(row) for row in L])
+            s = a[i][j]
+            for k in range(j):
+                s = sub(s, mul(L[i][k], L[j][k]))
+            L[i][j] = mul(s, inv)
+    return _stack([x for row in L for x in row], (n, n))
+
+
+@_cholesky.defjvp
+def _cholesky_jvp(primals, tangents):
+    (A,), (dA,) = primals, tangents
+    L = _cholesky(A)
+    dA = jnp.tril(dA) + jnp.tril(dA, -1).T  # the lower triangle is what is read
+    X = solve_triangular(L, solve_triangular(L, dA).T).T  # L^-1 dA L^-T
+    phi = jnp.tril(X) - 0.5 * jnp.diag(jnp.diag(X))
+    return L, L @ phi
+
+
+def _substitute(T, b, forward: bool):
+    """`T^{-1} b` for triangular `T` (lower when `forward`), written entry by entry."""
+    n = T.shape[-1]
+    t = _entries(T)
+    rows = [jax.lax.index_in_dim(b, i, 0, keepdims=False) for i in range(n)]
+    shape = rows[0].shape
+
+    def coeff(i, k):
+        return t[i][k] if not shape else jax.lax.broadcast_in_dim(t[i][k], shape, ())
+
+    x = [None] * n
+    for i in range(n) if forward else range(n - 1, -1, -1):
+        s = rows[i]
+        for k in range(i) if forward else range(i + 1, n):
+            s = jax.lax.sub(s, jax.lax.mul(coeff(i, k), x[k]))
+        x[i] = jax.lax.div(s, coeff(i, i))
+    return _stack(x, b.shape)
 
 
 def solve_triangular(
     L: Float[Array, "n n"], b, *, lower: bool = True, trans: bool = False
 ):
-    """`L^{-1} b` (or `L^{-T} b` with `trans`) for a triangular `L` and `b` of shape
-    `(n,)` or `(n, r)`, by substitution (`lower=False`: `L` is upper triangular)."""
+    r"""`L^{-1} b` (or `L^{-T} b` with `trans`) for a triangular `L` and `b` of shape
+    `(n,)` or `(n, r)`, by substitution (`lower=False`: `L` is upper triangular).
+    Differentiated as a linear solve, $dx = T^{-1}(db - dT\,x)$, not through the
+    unrolled substitution."""
     n = L.shape[-1]
     if n > UNROLL or n == 0:
         return jsl.solve_triangular(L, b, lower=lower, trans="T" if trans else "N")
-    # Row i of the system is sum_k T[i, k] x_k = b_i with T = L or L^T.
-    entry = (lambda i, k: L[k, i]) if trans else (lambda i, k: L[i, k])
-    forward = lower != trans  # T lower triangular: forward substitution
-    order = range(n) if forward else range(n - 1, -1, -1)
-    x = [None] * n
-    for i in order:
-        known = range(i) if forward else range(i + 1, n)
-        s = b[i]
-        for k in known:
-            s = s - entry(i, k) * x[k]
-        x[i] = s / entry(i, i)
-    return jnp.stack(x)
+    # T x = b with T = L or L^T; T lower triangular: forward substitution.
+    return _solve(L.T if trans else L, b, lower != trans)
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _solve(T, b, forward: bool):
+    return _substitute(T, b, forward)
+
+
+@_solve.defjvp
+def _solve_jvp(forward, primals, tangents):
+    (T, b), (dT, db) = primals, tangents
+    x = _solve(T, b, forward)
+    return x, _substitute(T, db - jnp.tensordot(dT, x, axes=1), forward)
 
 
 def cho_solve(L: Float[Array, "n n"], b):

@@ -420,9 +420,12 @@ def step_size_study(
       $T/\lceil T/dt\rceil$; the table's `dt` column holds the requested ones.
     - `t1`: the horizon (from $t_0 = 0$).
     - `solver`: default [`cdiff.RK4`][].
-    - `n_save`: number of times at which the errors are measured. Where they do
-      not fall on a step's end the state is interpolated (third order for RK4):
-      choose `t1 / n_save` a multiple of every `dt` to measure at step ends only.
+    - `n_save`: number of times at which the errors are measured. Choose
+      `t1 / n_save` a multiple of every `dt` (the default step sizes of
+      `cdiff study` are): the errors are then measured at step ends, and the
+      study runs its own loop on the step grid, which carries only the state
+      under `vmap` (faster than `diffeqsolve` with `SaveAt(ts)`, which it uses
+      otherwise, interpolating between steps: third order for RK4).
     - `time_each`: also time each step size alone (same compilation; the `time`
       column, Fig. 4(e)). Otherwise `time` is `NaN`.
     - `repeat`: run each timed call this many times and keep the fastest.
