@@ -59,7 +59,7 @@ def jacobian(f, x):
     `jax.lax.optimization_barrier`: XLA then evaluates them once per state and
     every Jacobian entry reads them, where `jax.jacfwd` lets XLA fuse the whole
     derivative into each entry and recompute the model's nonlinear functions for
-    every one of them (measured 2x slower on R2 under `vmap`).
+    every one of them (R2 under `vmap`: 1.3x the throughput of `jacfwd`).
     """
     y, pullback = jax.vjp(f, x)
     pullback = jax.lax.optimization_barrier(pullback)
@@ -107,8 +107,7 @@ def holonomic_jacobian(model: AbstractModel, t, q):
 
 def velocity_constraints(model: AbstractModel, t, q, v):
     r"""The velocity-level residual $[\dot\Phi_q; \Phi_v]$ and its Jacobian with
-    respect to $v$, $A_v = [A_q; \partial\Phi_v/\partial v]$, in one forward pass
-    (without the second derivatives that [`kinematics`][] also computes)."""
+    respect to $v$, $A_v = [A_q; \partial\Phi_v/\partial v]$ (without the second derivatives that [`kinematics`][] also computes)."""
     return jacobian(lambda v: residuals(model, t, q, v)[1], v)
 
 
