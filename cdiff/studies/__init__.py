@@ -1,7 +1,10 @@
 """Studies built on `cdiff.simulate`: batched accuracy studies over step sizes and
-stabilisation gains (one `jax.vmap`ped call each), gradient-based tuning of
-controllers and identification of model parameters (optax)."""
+stabilisation gains (one `jax.vmap`ped call each), sweeps larger than memory
+(`map_batches`: chunked, sharded over the local devices, resumable),
+gradient-based tuning of controllers and identification of model parameters
+(optax)."""
 
+from ._chunked import map_batches as map_batches
 from ._fit import Fit as Fit
 from ._fit import identify as identify
 from ._fit import tune as tune

@@ -5,6 +5,7 @@ Baumgarte baseline)."""
 from __future__ import annotations
 
 import itertools
+import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -29,6 +30,7 @@ from .._simulate import (
 from .._solver.frozen import FrozenStep
 from .._solver.grid import UniformGrid
 from .._solver.rk4 import RK4
+from ._chunked import _sweep
 from ._table import Table
 
 _METRICS = ("max_constraint_error", "max_velocity_error", "max_energy_error",
@@ -231,6 +233,34 @@ class _Setup(eqx.Module):
     ts: jax.Array
     e0: jax.Array
     obs_ref: jax.Array | None
+
+
+class _GainRun(eqx.Module):
+    """One run of a gain sweep, reduced to its four measures: the function of one
+    item (`{"step": k or dt, "gains": {name: value}}`) that `gain_sweep` maps
+    over its grid. `max_steps` is `None` on the step grid (`step` is then the
+    number of steps per measurement interval, `_trajectory_on_grid`), else the
+    static bound of `_trajectory` (`step` is the step size)."""
+
+    model: AbstractModel
+    formulation: AbstractFormulation
+    solver: diffrax.AbstractSolver
+    setup: _Setup
+    names: tuple[str, ...] = eqx.field(static=True)
+    max_steps: int | None = eqx.field(static=True)
+
+    def __call__(self, item):
+        form, s = self.formulation, self.setup
+        for name in self.names:
+            form = eqx.tree_at(lambda f, n=name: getattr(f, n), form,
+                               item["gains"][name], is_leaf=lambda x: x is None)
+        if self.max_steps is None:
+            traj = _trajectory_on_grid(self.model, form, self.solver, s.q0, s.v0, s.t1,
+                                       item["step"], s.ts)
+        else:
+            traj = _trajectory(self.model, form, self.solver, s.q0, s.v0, s.t1,
+                               item["step"], s.ts, self.max_steps)
+        return _measures(self.model, *traj, s.e0, s.obs_ref)
 
 
 def _setup(model: AbstractModel, t1, n_save: int, initial_state) -> _Setup:
@@ -551,11 +581,15 @@ def gain_sweep(
     solver: diffrax.AbstractSolver | None = None,
     n_save: int = 1000,
     initial_state=None,
+    chunk_size: int | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    progress: bool = False,
 ) -> GainSweep:
     r"""Sweep stabilisation gains and step sizes together in **one `jax.vmap`ped
-    call**: every combination of the `gains` values (a grid) at every step size,
-    measured as in [`cdiff.studies.step_size_study`][], and the best gains per
-    step size (the "optimal parameters" of the papers' Baumgarte baseline).
+    call** (or in resumable chunks): every combination of the `gains` values (a
+    grid) at every step size, measured as in [`cdiff.studies.step_size_study`][],
+    and the best gains per step size (the "optimal parameters" of the papers'
+    Baumgarte baseline).
 
     **Arguments:**
 
@@ -566,9 +600,18 @@ def gain_sweep(
     - `dts`, `t1`, `solver`, `n_save`, `initial_state`: as for `step_size_study`.
     - `metric`: the column that ranks the gains (`"max_error"` by default;
       `"max_constraint_error"` for a model without a reference).
+    - `chunk_size`, `checkpoint`: run the grid in chunks of `chunk_size`
+      combinations (default: all in one call), split over the local devices, and
+      save each finished chunk in the directory `checkpoint`, so that a rerun with
+      the same arguments resumes where an interrupted one stopped (with other
+      arguments it raises a `ValueError`); see [`cdiff.studies.map_batches`][].
+      The numbers do not depend on the chunking beyond round-off.
+    - `progress`: a progress bar over the runs.
 
     **Returns:** a [`cdiff.studies.GainSweep`][] with columns `dt`, one per gain,
-    the four error maxima; `.best` (a table) and `.best_formulation()`.
+    the four error maxima; `.best` (a table) and `.best_formulation()`. Its
+    `meta` holds `batch_time` (s, the computed chunks) and `compile_time` (s),
+    both 0 for a sweep loaded whole from its checkpoint.
     """
     if not isinstance(formulation, AbstractFormulation):
         raise TypeError(f"formulation must be a cdiff formulation, got {formulation!r}")
@@ -587,15 +630,22 @@ def gain_sweep(
                                     for n in names)))
     combos = [(dt, *g) for dt in dts for g in grid]
     batch = len(combos)
-    form = formulation
-    for k, name in enumerate(names):
-        values = jnp.asarray([c[1 + k] for c in combos])
-        form = eqx.tree_at(lambda f, n=name: getattr(f, n), form, values,
-                           is_leaf=lambda x: x is None)
-    measures, compile_time, batch_time, _ = _run(
-        model, form, solver, setup, np.asarray([c[0] for c in combos]), False)
-    if batch != measures.shape[0]:  # pragma: no cover
-        raise AssertionError("gain sweep: batch size mismatch")
+    dt_column = np.asarray([c[0] for c in combos])
+    ks = _steps_per_save(dt_column, float(t1), n_save)
+    max_steps = (None if ks is not None else
+                 max(constant_steps(0.0, float(t1), dt) for dt in dts))
+    inputs = {"step": dt_column if ks is None else ks,
+              "gains": {name: np.asarray([c[1 + k] for c in combos])
+                        for k, name in enumerate(names)}}
+    # What the checkpoint checks besides the inputs and the arrays of _GainRun
+    # (the model's, the initial state, ...): the static settings.
+    description = (f"gain_sweep {model!r} {formulation!r} {solver!r} "
+                   f"t1={float(t1)!r} n_save={n_save}")
+    measures, report = _sweep(
+        _GainRun(model, formulation, solver, setup, tuple(names), max_steps), inputs,
+        chunk_size=chunk_size, checkpoint=checkpoint, key=description,
+        progress=progress, name="cdiff.studies.gain_sweep")
+    batch_time, compile_time = report.run_time, report.compile_time
     columns: dict[str, Any] = {"dt": [c[0] for c in combos]}
     for k, name in enumerate(names):
         columns[name] = [c[1 + k] for c in combos]
@@ -603,7 +653,11 @@ def gain_sweep(
         columns[key] = measures[:, k]
     meta = {"model": repr(model), "t1": float(t1), "n_save": n_save,
             "solver": type(solver).__name__, "batch": batch,
-            "batch_time": batch_time, "compile_time": compile_time}
+            "batch_time": batch_time, "compile_time": compile_time,
+            "chunk_size": report.chunk_size, "chunks": report.chunks,
+            "chunks_loaded": len(report.loaded)}
+    calls = ("one call" if report.chunks == 1 else
+             f"{report.chunks} chunks of {report.chunk_size}")
     title = (f"{type(model).__name__}: {type(formulation).__name__} gains, "
-             f"t1 = {float(t1):g} s, {batch} runs in one call ({batch_time:.2f} s)")
+             f"t1 = {float(t1):g} s, {batch} runs in {calls} ({batch_time:.2f} s)")
     return GainSweep(columns, meta, title, formulation, names, metric)

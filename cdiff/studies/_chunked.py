@@ -1,0 +1,364 @@
+r"""Sweeps larger than memory: a function of one item mapped over a batch in chunks,
+each chunk one compiled `jax.vmap`ped call split over the local devices
+(`jax.sharding`), with a progress bar, and saved chunk by chunk so that an
+interrupted sweep resumes where it stopped."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import numbers
+import os
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import equinox as eqx
+import jax
+import numpy as np
+
+_NAME = "cdiff.studies.map_batches"
+_FORMAT = "cdiff.studies.map_batches checkpoint, version 1"
+_MANIFEST = "manifest.json"
+
+
+@eqx.filter_jit
+def _vmapped(fn, chunk):
+    # `fn` is an argument: its array leaves (an `equinox.Module`'s fields) are
+    # traced, so a new `fn` of the same structure reuses the compilation.
+    return jax.vmap(fn)(chunk)
+
+
+@dataclasses.dataclass
+class _Report:
+    """How a sweep went: the chunks computed and loaded (indices), the items per
+    compiled call (`width`: the chunk size rounded up to a multiple of the device
+    count), the devices, and the seconds spent compiling and running (the
+    computed chunks only, their transfer to the host included)."""
+
+    chunk_size: int
+    width: int
+    devices: int
+    computed: list = dataclasses.field(default_factory=list)
+    loaded: list = dataclasses.field(default_factory=list)
+    compile_time: float = 0.0
+    run_time: float = 0.0
+
+    @property
+    def chunks(self) -> int:
+        return len(self.computed) + len(self.loaded)
+
+
+def _check_inputs(inputs, name: str):
+    """The inputs' leaves as host arrays (JAX's canonical dtypes), their key paths,
+    tree structure and common leading size."""
+    flat, treedef = jax.tree_util.tree_flatten_with_path(inputs)
+    if not flat:
+        raise ValueError(f"{name}: inputs holds no arrays; pass a pytree of arrays "
+                         f"whose leading axis is the batch")
+    paths, arrays = [], []
+    for path, x in flat:
+        where = jax.tree_util.keystr(path) or "inputs"
+        if not eqx.is_array_like(x):
+            raise ValueError(f"{name}: every leaf of inputs must be an array, got "
+                             f"{type(x).__name__} at {where}")
+        a = np.asarray(x)
+        if a.dtype.kind not in "biufc":
+            raise ValueError(f"{name}: leaf {where} of inputs has dtype {a.dtype}; "
+                             f"expected booleans or numbers")
+        paths.append(where)
+        arrays.append(a.astype(jax.dtypes.canonicalize_dtype(a.dtype), copy=False))
+    shapes = {p: a.shape for p, a in zip(paths, arrays)}
+    sizes = {a.shape[0] if a.ndim else None for a in arrays}
+    if None in sizes or len(sizes) > 1:
+        raise ValueError(f"{name}: every leaf of inputs needs the same leading "
+                         f"(batch) axis; got shapes {shapes}")
+    n = sizes.pop()
+    if n == 0:
+        raise ValueError(f"{name}: inputs is an empty batch (shapes {shapes})")
+    return paths, arrays, treedef, n
+
+
+def _check_chunk_size(chunk_size, n: int, name: str) -> int:
+    if chunk_size is None:
+        return n
+    if (isinstance(chunk_size, bool) or not isinstance(chunk_size, numbers.Integral)
+            or chunk_size < 1):
+        raise ValueError(f"{name}: chunk_size must be a positive int or None, got "
+                         f"{chunk_size!r}")
+    return min(int(chunk_size), n)
+
+
+def _fingerprint(paths, arrays) -> str:
+    """SHA-256 of arrays' paths, dtypes, shapes and bytes."""
+    h = hashlib.sha256()
+    for path, a in zip(paths, arrays):
+        h.update(f"\0{path}\0{a.dtype.str}\0{a.shape}\0".encode())
+        h.update(np.ascontiguousarray(a).tobytes())
+    return h.hexdigest()
+
+
+def _arrays_of(fn):
+    """The array leaves of `fn` (an `equinox.Module`'s fields; none for a plain
+    function) on the host, and their paths."""
+    flat = jax.tree_util.tree_flatten_with_path(eqx.filter(fn, eqx.is_array))[0]
+    return ([jax.tree_util.keystr(p) for p, _ in flat],
+            [np.asarray(x) for _, x in flat])
+
+
+def _write(path: Path, write) -> None:
+    """Write a file atomically: to a hidden temporary name, then `os.replace`."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as f:
+        write(f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _open_checkpoint(directory: Path, manifest: dict, name: str) -> None:
+    """Create the checkpoint directory and its manifest, or check that the
+    manifest already there describes the same sweep."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / _MANIFEST
+    if not path.exists():
+        if any(directory.glob("chunk_*.npz")):
+            raise ValueError(f"{name}: {directory} holds chunk files but no "
+                             f"{_MANIFEST}; use an empty directory")
+        _write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+        return
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{name}: cannot read {path} ({e})") from e
+    what = {"format": "the file format", "n": "the batch size",
+            "chunk_size": "the chunk size", "key": "the key",
+            "inputs": "the inputs (values, shapes or dtypes)",
+            "fn_arrays": "the array leaves of fn (values, shapes or dtypes)",
+            "outputs": "fn's output shapes or dtypes"}
+    differ = [f"{text}: saved {saved.get(k)!r}, now {manifest[k]!r}"
+              if k not in ("inputs", "fn_arrays") else text
+              for k, text in what.items() if saved.get(k) != manifest[k]]
+    if differ:
+        raise ValueError(
+            f"{name}: the checkpoint in {directory} is of another sweep; it differs "
+            f"in " + "; ".join(differ) + ". Resume with the same inputs, chunk_size "
+            "and key, or use another (or an emptied) directory.")
+
+
+def _load_chunk(path: Path, structs, rows: int, name: str) -> list[np.ndarray]:
+    try:
+        with np.load(path) as data:
+            leaves = [data[f"arr_{i}"] for i in range(len(structs))]
+    except Exception as e:  # a damaged file: say which one
+        raise ValueError(f"{name}: cannot read {path} ({e}); delete it to "
+                         f"recompute that chunk") from e
+    for a, s in zip(leaves, structs):
+        if a.shape != (rows, *s.shape) or a.dtype != s.dtype:
+            raise ValueError(f"{name}: {path} holds an array of shape {a.shape} and "
+                             f"dtype {a.dtype}; expected {(rows, *s.shape)} and "
+                             f"{s.dtype}. Delete it to recompute that chunk.")
+    return leaves
+
+
+def _placement(devices, name: str):
+    """Shardings for a chunk (split along its leading axis) and for the array
+    leaves of `fn` (replicated): over a 1-D mesh when there are several devices."""
+    if devices is None:
+        devices = jax.local_devices()
+        if len(devices) == 1:
+            return None, None, 1  # JAX's default placement
+    devices = list(devices)
+    if not devices:
+        raise ValueError(f"{name}: devices is empty")
+    if len(devices) == 1:
+        one = jax.sharding.SingleDeviceSharding(devices[0])
+        return one, one, 1
+    mesh = jax.sharding.Mesh(np.asarray(devices), ("batch",))
+    P = jax.sharding.PartitionSpec
+    return (jax.sharding.NamedSharding(mesh, P("batch")),
+            jax.sharding.NamedSharding(mesh, P()), len(devices))
+
+
+def _sweep(
+    fn: Callable,
+    inputs: Any,
+    *,
+    chunk_size: Any = None,
+    checkpoint: Any = None,
+    key: str = "",
+    progress: bool = True,
+    devices: Sequence[Any] | None = None,
+    name: str = _NAME,
+    on_chunk: Callable | None = None,
+) -> tuple[Any, _Report]:
+    """[`cdiff.studies.map_batches`][], also returning a `_Report`. `name` (the
+    public function) begins the error messages and labels the progress bar;
+    `on_chunk(i, out)` is called with each computed chunk's output while it is
+    still on the devices (with the padding)."""
+    paths, arrays, treedef, n = _check_inputs(inputs, name)
+    size = _check_chunk_size(chunk_size, n, name)
+    if not isinstance(key, str):
+        raise ValueError(f"{name}: key must be a str, got {type(key).__name__}")
+    chunk_sharding, fn_sharding, n_dev = _placement(devices, name)
+    width = -(-size // n_dev) * n_dev
+    n_chunks = -(-n // size)
+    report = _Report(size, width, n_dev)
+
+    items = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
+                                         for a in arrays])
+    out_structs, out_treedef = jax.tree.flatten(eqx.filter_eval_shape(fn, items))
+    for s in out_structs:
+        if not isinstance(s, jax.ShapeDtypeStruct):
+            raise ValueError(f"{name}: fn must return a pytree of arrays; it returned "
+                             f"a leaf of type {type(s).__name__}")
+
+    directory = None if checkpoint is None else Path(checkpoint)
+    if directory is not None:
+        _open_checkpoint(directory, {
+            "format": _FORMAT, "n": n, "chunk_size": size, "chunks": n_chunks,
+            "key": key, "inputs": _fingerprint(paths, arrays),
+            "fn_arrays": _fingerprint(*_arrays_of(fn)),
+            "outputs": [[list(s.shape), s.dtype.str] for s in out_structs],
+            "output_structure": str(out_treedef),
+        }, name)
+
+    out = [np.empty((n, *s.shape), s.dtype) for s in out_structs]
+    todo = []
+    for i in range(n_chunks):
+        lo, hi = i * size, min(n, (i + 1) * size)
+        path = None if directory is None else directory / f"chunk_{i:05d}.npz"
+        if path is not None and path.exists():
+            for o, a in zip(out, _load_chunk(path, out_structs, hi - lo, name)):
+                o[lo:hi] = a
+            report.loaded.append(i)
+        else:
+            todo.append(i)
+
+    if fn_sharding is not None:
+        dynamic, static = eqx.partition(fn, eqx.is_array)
+        fn = eqx.combine(jax.device_put(dynamic, fn_sharding), static)
+    compiled = None
+    from tqdm.auto import tqdm
+
+    done = n - sum(min(n, (i + 1) * size) - i * size for i in todo)
+    with tqdm(total=n, initial=done, desc=name.rsplit(".", 1)[-1], unit="run",
+              disable=not progress) as bar:
+        for i in todo:
+            lo, hi = i * size, min(n, (i + 1) * size)
+            # The ragged last chunk (and every chunk, to a multiple of the device
+            # count) is padded with copies of its last item: one compilation.
+            chunk = [a[lo:hi] if hi - lo == width else
+                     np.concatenate([a[lo:hi], np.repeat(a[hi - 1:hi],
+                                                         width - (hi - lo), 0)])
+                     for a in arrays]
+            chunk = jax.tree.unflatten(treedef, chunk)
+            if chunk_sharding is not None:
+                chunk = jax.device_put(chunk, chunk_sharding)
+            if compiled is None:
+                start = time.perf_counter()
+                compiled = _vmapped.lower(fn, chunk).compile()
+                report.compile_time = time.perf_counter() - start
+            start = time.perf_counter()
+            result = compiled(fn, chunk)
+            if on_chunk is not None:
+                on_chunk(i, result)
+            leaves = [np.asarray(x)[:hi - lo]
+                      for x in jax.tree.leaves(jax.device_get(result))]
+            report.run_time += time.perf_counter() - start
+            for o, a in zip(out, leaves):
+                o[lo:hi] = a
+            if directory is not None:
+                _write(directory / f"chunk_{i:05d}.npz",
+                       lambda f, leaves=leaves: np.savez(f, *leaves))
+            report.computed.append(i)
+            bar.update(hi - lo)
+    return jax.tree.unflatten(out_treedef, out), report
+
+
+def map_batches(
+    fn: Callable,
+    inputs: Any,
+    *,
+    chunk_size: int | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    key: str = "",
+    progress: bool = True,
+    devices: Sequence[Any] | None = None,
+) -> Any:
+    r"""`jax.vmap(fn)(inputs)` for batches larger than memory: in chunks of
+    `chunk_size` items, each chunk **one compiled `jax.vmap`ped call split over
+    the local devices**, with a progress bar, and (with `checkpoint`) saved as it
+    finishes, so that **an interrupted sweep resumes where it stopped** and gives
+    the same numbers as an uninterrupted one.
+
+    `fn` maps one item (a pytree of arrays, the batch axis removed) to a pytree of
+    arrays, typically running [`cdiff.simulate`][] and reducing its solution to a
+    few numbers. It is compiled once: every chunk has the same shape, the ragged
+    last one padded with copies of its last item, whose results are dropped.
+    Each chunk's results are brought to the host (NumPy) before the next runs, so
+    device memory bounds the chunk, not the batch; the results of the whole batch
+    must fit in host memory.
+
+    **Arguments:**
+
+    - `fn`: `item -> outputs` (a pytree of arrays). Shared data can be closed
+      over, or `fn` can be an `equinox.Module` whose array fields are then traced
+      arguments (a new `fn` of the same structure reuses the compilation).
+    - `inputs`: a pytree of arrays (NumPy or JAX) whose leaves all have the same
+      leading size N, the batch; e.g. `{"l": lengths, "theta0": angles}`.
+    - `chunk_size`: items per chunk, default N (one call). Choose it so that a
+      chunk fits in device memory (and, with jaxlib 0.10.2 on CPU, at most 8192:
+      see the README's known limitations).
+    - `checkpoint`: a directory (created if needed). Each finished chunk `i` is
+      written there as `chunk_{i:05d}.npz` (atomically: to a temporary name, then
+      renamed), next to a `manifest.json` holding N, `chunk_size`, `key`, SHA-256
+      fingerprints of the inputs and of the array leaves of `fn` (values, shapes
+      and dtypes) and the shapes and dtypes of `fn`'s outputs. A rerun with the
+      same directory loads the chunks present and computes only the missing ones;
+      with other inputs, chunk size, key, `fn` arrays or output shapes it raises a
+      `ValueError` instead of mixing results. The checkpoint cannot see `fn`'s
+      code, nor the data a plain function closes over: when you change them,
+      change `key` or the directory.
+    - `key`: a description of the sweep (e.g. the model's `repr` and horizon),
+      stored in and checked against the manifest.
+    - `progress`: a progress bar over the items (tqdm), starting at those loaded.
+    - `devices`: the devices to split each chunk over, default all local devices
+      (`jax.local_devices()`). With more than one, each chunk is put on a 1-D
+      `jax.sharding.Mesh` with `NamedSharding(mesh, PartitionSpec("batch"))` (the
+      array leaves of `fn` replicated) and `jax.jit` runs the vmapped call split
+      along the batch. The chunk is then padded to a multiple of the device count,
+      like the last chunk; the saved chunks do not depend on it, so a sweep can be
+      resumed on another number of devices.
+
+    **Returns:** `outputs`, the pytree that `fn` returns, with NumPy leaves of
+    leading size N, in the order of `inputs`.
+
+    **Raises:** `ValueError` for inputs that are not arrays with a common,
+    non-zero leading size, a `chunk_size` below 1, an `fn` that does not return
+    arrays, and a checkpoint of another sweep.
+
+    !!! example
+
+        The final angle of a pendulum for 1000 lengths and initial angles, in
+        chunks of 256, resumable:
+
+        ```python
+        def final_angle(item):
+            model = cdiff.models.ParticleOnCircle(rho=item["r"], g=9.81, speed=0.0)
+            q0 = item["r"] * jnp.stack([jnp.cos(item["theta0"]),
+                                        jnp.sin(item["theta0"])])
+            sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, jnp.zeros(2),
+                                 t1=1.0, dt=1e-2, saveat=cdiff.SaveAt(t1=True))
+            return jnp.arctan2(sol.q[-1, 1], sol.q[-1, 0])
+
+        r, theta0 = np.meshgrid(np.linspace(0.5, 2.0, 40), np.linspace(-1, 0, 25))
+        angles = cdiff.studies.map_batches(
+            final_angle, {"r": r.ravel(), "theta0": theta0.ravel()},
+            chunk_size=256, checkpoint="out/pendulum-sweep", key="t1=1, dt=1e-2")
+        ```
+    """
+    return _sweep(fn, inputs, chunk_size=chunk_size, checkpoint=checkpoint, key=key,
+                  progress=progress, devices=devices)[0]
