@@ -93,28 +93,28 @@ def cholesky(A: Float[Array, "n n"]) -> Float[Array, "n n"]:
 
 
 def _entries(A):
-    """The entries of a small matrix as a nested list of scalars (`lax` slices:
-    tracing cost matters, these kernels are traced entry by entry)."""
+    """The entries of a small matrix as a nested list of shape-`(1,)` arrays, split
+    off in one `lax.split` (tracing cost matters: these kernels are traced entry by
+    entry, and a slice and a squeeze per entry made up a third of a simulation's
+    program)."""
     n, m = A.shape
-    rows = [jax.lax.index_in_dim(A, i, 0, keepdims=False) for i in range(n)]
-    return [[jax.lax.index_in_dim(r, j, 0, keepdims=False) for j in range(m)]
-            for r in rows]
+    flat = jax.lax.split(jax.lax.reshape(A, (n * m,)), [1] * (n * m))
+    return [flat[i * m:(i + 1) * m] for i in range(n)]
 
 
 def _stack(values, shape):
-    """`values` (scalars or equal-shaped arrays) stacked along a new first axis."""
-    parts = [jax.lax.broadcast_in_dim(v, (1, *v.shape), tuple(range(1, v.ndim + 1)))
-             for v in values]
-    return jax.lax.reshape(jax.lax.concatenate(parts, 0), shape)
+    """`values` (equal-shaped arrays with a leading axis of 1) concatenated along
+    that axis and reshaped to `shape`."""
+    return jax.lax.reshape(jax.lax.concatenate(list(values), 0), shape)
 
 
 @jax.custom_jvp
 def _cholesky(A):
     n = A.shape[-1]
     a = _entries(A)
-    zero = jnp.zeros((), A.dtype)
-    one = jnp.ones((), A.dtype)
-    nan = jnp.full((), jnp.nan, A.dtype)
+    zero = jnp.zeros((1,), A.dtype)
+    one = jnp.ones((1,), A.dtype)
+    nan = jnp.full((1,), jnp.nan, A.dtype)
     mul, sub = jax.lax.mul, jax.lax.sub
     L = [[zero] * n for _ in range(n)]
     for j in range(n):
@@ -148,11 +148,13 @@ def _substitute(T, b, forward: bool):
     """`T^{-1} b` for triangular `T` (lower when `forward`), written entry by entry."""
     n = T.shape[-1]
     t = _entries(T)
-    rows = [jax.lax.index_in_dim(b, i, 0, keepdims=False) for i in range(n)]
+    rows = jax.lax.split(b, [1] * n)  # shape (1,) or (1, r) each
     shape = rows[0].shape
 
     def coeff(i, k):
-        return t[i][k] if not shape else jax.lax.broadcast_in_dim(t[i][k], shape, ())
+        if len(shape) == 1:
+            return t[i][k]
+        return jax.lax.broadcast_in_dim(t[i][k], shape, (0,))
 
     x = [None] * n
     for i in range(n) if forward else range(n - 1, -1, -1):
