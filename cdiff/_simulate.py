@@ -133,6 +133,12 @@ def constant_steps(t0, t1, dt) -> int:
 
 _BDF_MAX_STEPS = 16_384
 
+# Up to this many constant steps, reverse mode keeps one checkpoint per step (the
+# loop state: about 100 bytes for the slider-crank, times the batch under vmap): the
+# backward pass then recomputes each step once, where diffrax's default O(sqrt(n))
+# checkpoints recompute most steps twice or more.
+_CHECKPOINT_EVERY_STEP = 16_384
+
 
 class _VectorField(eqx.Module):
     formulation: AbstractFormulation
@@ -190,7 +196,11 @@ def simulate(
       With [`cdiff.BDF`][] (whose steps do not follow `dt`), default 16384,
       rejected steps included.
     - `stepsize_controller`: default `diffrax.ConstantStepSize()`.
-    - `adjoint`: default `diffrax.RecursiveCheckpointAdjoint()` (reverse mode);
+    - `adjoint`: default reverse mode, `diffrax.RecursiveCheckpointAdjoint` with one
+      checkpoint per step for constant steps up to 16384 of them (memory: the
+      loop state, ~100 bytes for R2, per step and per trajectory; pass
+      `diffrax.RecursiveCheckpointAdjoint()` for diffrax's $O(\sqrt{n})$
+      checkpoints when that is too much), otherwise diffrax's default;
       `diffrax.ForwardMode()` for `jax.jacfwd`.
     - `throw`: raise on solver failure (default). With `throw=False` check
       `Solution.result`.
@@ -273,7 +283,10 @@ def simulate(
             max_steps=max_steps, throw=throw, progress=progress,
         )
     if adjoint is None:
-        adjoint = diffrax.RecursiveCheckpointAdjoint()
+        every_step = constant and max_steps <= _CHECKPOINT_EVERY_STEP
+        adjoint = diffrax.RecursiveCheckpointAdjoint(
+            checkpoints=max_steps if every_step else None
+        )
     inner = innermost(solver)
     if isinstance(adjoint, diffrax.ForwardMode) and isinstance(
         inner, diffrax.AbstractRungeKutta
