@@ -1,6 +1,6 @@
 """What a derivative through `cdiff.simulate` costs, per adjoint: time and memory.
 
-    python benchmarks/gradients.py [--t1 10] [--record]
+    python benchmarks/gradients.py [--t1 10] [--batch 1] [--record]
 
 R2 (slider-crank) with UdwadiaKalaba and RK4 at dt = 1e-2, float64; the loss is the
 mean squared slider position over the saved steps, differentiated with respect to
@@ -53,10 +53,15 @@ def _measure(fn, x):
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--t1", type=float, default=10.0)
+    parser.add_argument("--batch", type=int, default=1,
+                        help="vmap every row over this many parameter pairs")
     parser.add_argument("--record", action="store_true",
                         help="append the table to benchmarks/RESULTS.md")
     args = parser.parse_args()
     p = jnp.array([1.0, 9.81])  # link length, gravity
+    if args.batch > 1:  # lengths 1 ... 1.1: the same work per trajectory
+        p = jnp.stack([jnp.linspace(1.0, 1.1, args.batch),
+                       jnp.full(args.batch, 9.81)], axis=1)
     reverse = _loss(args.t1, None)  # cdiff's default: one checkpoint per step
     sqrt_n = _loss(args.t1, diffrax.RecursiveCheckpointAdjoint())
     few = _loss(args.t1, diffrax.RecursiveCheckpointAdjoint(checkpoints=16))
@@ -78,7 +83,7 @@ def main():
     print(head)
     rows, base = [], None
     for name, fn in setups:
-        compile_s, run_s, temp = _measure(fn, p)
+        compile_s, run_s, temp = _measure(fn if args.batch == 1 else jax.vmap(fn), p)
         base = run_s if base is None else base
         rows.append(f"| {name} | {compile_s:.1f} | {run_s * 1e3:.1f} | "
                     f"{run_s / base:.2f} | {temp / 2**20:.2f} |")
@@ -86,7 +91,9 @@ def main():
     table = "\n".join([head, *rows])
     if args.record:
         record("gradients.py", f"R2, UdwadiaKalaba + RK4, dt = 1e-2, t1 = {args.t1:g} s "
-               f"({int(round(args.t1 / 1e-2))} steps, every step saved), float64.", table)
+               f"({int(round(args.t1 / 1e-2))} steps, every step saved), float64"
+               + (f", every row vmapped over {args.batch} parameter pairs."
+                  if args.batch > 1 else ", one trajectory."), table)
 
 
 if __name__ == "__main__":
