@@ -89,7 +89,7 @@ def cholesky(A: Float[Array, "n n"]) -> Float[Array, "n n"]:
     n = A.shape[-1]
     if n > UNROLL:
         return jnp.linalg.cholesky(A)
-    return _cholesky(A)
+    return _cholesky_jit(A)
 
 
 def _entries(A):
@@ -176,7 +176,7 @@ def solve_triangular(
     if n > UNROLL or n == 0:
         return jsl.solve_triangular(L, b, lower=lower, trans="T" if trans else "N")
     # T x = b with T = L or L^T; T lower triangular: forward substitution.
-    return _solve(L.T if trans else L, b, lower != trans)
+    return _solve_jit(L.T if trans else L, b, lower != trans)
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
@@ -189,6 +189,13 @@ def _solve_jvp(forward, primals, tangents):
     (T, b), (dT, db) = primals, tangents
     x = _solve(T, b, forward)
     return x, _substitute(T, db - jnp.tensordot(dT, x, axes=1), forward)
+
+
+# Each kernel is traced once per shape and dtype and enters a program as one call,
+# which XLA inlines before fusing: tracing and lowering the unrolled entries at
+# every call site costs more than compiling them.
+_cholesky_jit = jax.jit(_cholesky)
+_solve_jit = jax.jit(_solve, static_argnums=2)
 
 
 def cho_solve(L: Float[Array, "n n"], b):
