@@ -107,7 +107,8 @@ def holonomic_jacobian(model: AbstractModel, t, q):
 
 def velocity_constraints(model: AbstractModel, t, q, v):
     r"""The velocity-level residual $[\dot\Phi_q; \Phi_v]$ and its Jacobian with
-    respect to $v$, $A_v = [A_q; \partial\Phi_v/\partial v]$ (without the second derivatives that [`kinematics`][] also computes)."""
+    respect to $v$, $A_v = [A_q; \partial\Phi_v/\partial v]$ (without the second
+    derivatives that [`kinematics`][] also computes)."""
     return jacobian(lambda v: residuals(model, t, q, v)[1], v)
 
 
