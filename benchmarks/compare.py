@@ -2,7 +2,7 @@
 
     python benchmarks/compare.py [--batch 4096] [--pareto-batch 256] [--t1 10]
         [--quick] [--only cdiff numpy scipy ida mujoco mjx] [--repeats 2]
-        [--no-ynn] [--out DIR] [--record]
+        [--xla-options cdiff] [--cpu-devices N] [--out DIR] [--record]
 
 The problem, for every tool: R2, the slider-crank of Braun & Goldfarb (2012,
 Sec. 4.1) with l = m = 1, g = 9.81, from theta1 = pi/4 at rest, over
@@ -59,8 +59,10 @@ trajectory to reach a theta1 error of 1e-6, interpolated in log-log between the
 two settings around it), the Pareto figure `pareto.png` and its data
 `pareto.csv` in `--out` (default benchmarks/out). `--record` appends the tables
 to benchmarks/RESULTS.md. A tool whose package is missing is skipped ("not
-installed"). `--no-ynn` sets `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=`
-before JAX starts (see benchmarks/throughput.py).
+installed"). The JAX programs (cdiff, MJX) are compiled with
+`cdiff.compiler_options()` (`--xla-options default`: JAX's defaults);
+`--cpu-devices N` splits the CPU into N JAX devices and shards the vmapped
+batches over them (see benchmarks/throughput.py).
 
 NumPy, SciPy, IDA and MuJoCo's `mj_step` run on one core; XLA (cdiff, MJX) and
 `mujoco.rollout` may use every core. Optional packages: `scipy`,
@@ -74,14 +76,9 @@ import argparse
 import csv
 import math
 import os
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-
-if "--no-ynn" in sys.argv:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_cpu_experimental_ynn_fusion_type=").strip()
 
 import diffrax  # noqa: E402
 import jax  # noqa: E402
@@ -90,6 +87,7 @@ import numpy as np  # noqa: E402
 
 jax.config.update("jax_enable_x64", True)
 
+import _config  # noqa: E402
 import cdiff  # noqa: E402
 from _record import record  # noqa: E402
 
@@ -245,8 +243,9 @@ def cdiff_throughput(prob: Problem, batch: int, repeats: int):
 
     rows = []
     for name, n, fn, arg in (
-        ("cdiff UK c+e, vmapped batch", batch, jax.jit(jax.vmap(one)), _thetas(batch)),
-        ("cdiff UK c+e, one trajectory", 1, jax.jit(one), jnp.asarray(jnp.pi / 4)),
+        ("cdiff UK c+e, vmapped batch", batch, _jit(jax.vmap(one)),
+         _config.shard(_thetas(batch))),
+        ("cdiff UK c+e, one trajectory", 1, _jit(one), jnp.asarray(jnp.pi / 4)),
     ):
         first, best, out = timed(lambda: fn(arg), repeats)
         if not bool(jnp.all(jnp.isfinite(out))):
@@ -268,6 +267,14 @@ def _minimal_rk4(theta0, dt, t1, ts, max_steps):
         max_steps=max_steps, throw=False)
     q, _ = ode.state(sol.ys)
     return jnp.where(sol.result == diffrax.RESULTS.successful, q, jnp.nan)
+
+
+_OPTIONS: dict = {}  # XLA compiler options of the JAX programs (main sets them)
+
+
+def _jit(fn):
+    """`jax.jit` with the run's XLA compiler options."""
+    return jax.jit(fn, compiler_options=_OPTIONS)
 
 
 def cdiff_pareto(prob: Problem, dts, batch: int, repeats: int):
@@ -300,9 +307,9 @@ def cdiff_pareto(prob: Problem, dts, batch: int, repeats: int):
     }
     points, compiles = [], []
     for name, one in setups.items():
-        single = jax.jit(one)
-        batched = jax.jit(jax.vmap(one, in_axes=(0, None)))
-        thetas = _thetas(batch)
+        single = _jit(one)
+        batched = _jit(jax.vmap(one, in_axes=(0, None)))
+        thetas = _config.shard(_thetas(batch))
         for k, dt in enumerate(dts):
             steps = steps_of(prob.t1, dt)
             f1, b1, q = timed(lambda: single(jnp.asarray(jnp.pi / 4), dt), repeats)
@@ -777,7 +784,7 @@ def mjx_bench(prob: Problem, dts, batch: int, repeats: int):
         return mx0.tree_replace({"opt.timestep": jnp.asarray(dt),
                                  "eq_solref": mx0.eq_solref.at[:, 0].set(2 * dt)})
 
-    single = jax.jit(trajectory)
+    single = _jit(trajectory)
     points, rows = [], []
     for k, dt in enumerate(dts):
         every = jnp.asarray(steps_of(SAVE_DT, dt))
@@ -803,8 +810,9 @@ def mjx_bench(prob: Problem, dts, batch: int, repeats: int):
         dx = dx0.replace(qpos=dx0.qpos.at[1].add(dq))
         return jax.lax.fori_loop(0, nstep, lambda i, dx: mjx.step(mx, dx), dx).qpos
 
-    batched = jax.jit(jax.vmap(roll))
-    first, best, _ = timed(lambda: batched(jnp.linspace(0.0, 1e-6, batch)), repeats)
+    batched = _jit(jax.vmap(roll))
+    dqs = _config.shard(jnp.linspace(0.0, 1e-6, batch))
+    first, best, _ = timed(lambda: batched(dqs), repeats)
     rows.append(("MJX RK4, vmapped batch", batch, dt, nstep, first - best, best,
                  batch * nstep / best))
     print(f"  MJX batch {batch} x {nstep}: compile {first - best:.1f} s, run "
@@ -988,10 +996,12 @@ def main(argv=None):
                         help=f"run only these tools ({', '.join(TOOLS)})")
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).resolve().parent / "out")
-    parser.add_argument("--no-ynn", action="store_true",
-                        help="CPU: leave elementwise fusions to XLA (throughput.py)")
+    _config.add_arguments(parser)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args(argv)
+    _config.apply(args)
+    global _OPTIONS
+    _OPTIONS = _config.options(args.xla_options)
     q = 1 if args.quick else 0
     batch = args.batch or (256 if args.quick else 4096)
     pareto_batch = args.pareto_batch or (32 if args.quick else 256)
@@ -1075,7 +1085,8 @@ def main(argv=None):
                "coordinates). Cost: best wall time per trajectory (batched: batch "
                f"time / batch), compile apart; best of {repeats}. cdiff batch "
                f"{batch} (throughput), {pareto_batch} (sweep). NumPy, SciPy, IDA "
-               "and mj_step on one core; XLA and rollout on all. XLA_FLAGS: "
+               "and mj_step on one core; XLA and rollout on all. "
+               f"{_config.describe(args)} XLA_FLAGS: "
                f"`{os.environ.get('XLA_FLAGS', '') or '(none)'}`.", table)
 
 

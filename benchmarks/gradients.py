@@ -1,6 +1,7 @@
 """What a derivative through `cdiff.simulate` costs, per adjoint: time and memory.
 
-    python benchmarks/gradients.py [--t1 10] [--batch 1] [--record]
+    python benchmarks/gradients.py [--t1 10] [--batch 1] [--xla-options cdiff]
+        [--cpu-devices N] [--record]
 
 R2 (slider-crank) with UdwadiaKalaba and RK4 at dt = 1e-2, float64; the loss is the
 mean squared slider position over the saved steps, differentiated with respect to
@@ -21,6 +22,7 @@ import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
+import _config  # noqa: E402
 import cdiff  # noqa: E402
 from _record import record  # noqa: E402
 
@@ -36,9 +38,9 @@ def _loss(t1, adjoint):
     return loss
 
 
-def _measure(fn, x):
+def _measure(fn, x, options):
     start = time.perf_counter()
-    compiled = jax.jit(fn).lower(x).compile()
+    compiled = jax.jit(fn).lower(x).compile(options)
     compile_s = time.perf_counter() - start
     best = np.inf
     for _ in range(3):
@@ -57,7 +59,10 @@ def main():
                         help="vmap every row over this many parameter pairs")
     parser.add_argument("--record", action="store_true",
                         help="append the table to benchmarks/RESULTS.md")
+    _config.add_arguments(parser)
     args = parser.parse_args()
+    _config.apply(args)
+    options = _config.options(args.xla_options)
     p = jnp.array([1.0, 9.81])  # link length, gravity
     if args.batch > 1:  # lengths 1 ... 1.1: the same work per trajectory
         p = jnp.stack([jnp.linspace(1.0, 1.1, args.batch),
@@ -83,7 +88,9 @@ def main():
     print(head)
     rows, base = [], None
     for name, fn in setups:
-        compile_s, run_s, temp = _measure(fn if args.batch == 1 else jax.vmap(fn), p)
+        x = p if args.batch == 1 else _config.shard(p)
+        compile_s, run_s, temp = _measure(fn if args.batch == 1 else jax.vmap(fn), x,
+                                          options)
         base = run_s if base is None else base
         rows.append(f"| {name} | {compile_s:.1f} | {run_s * 1e3:.1f} | "
                     f"{run_s / base:.2f} | {temp / 2**20:.2f} |")
@@ -93,7 +100,8 @@ def main():
         record("gradients.py", f"R2, UdwadiaKalaba + RK4, dt = 1e-2, t1 = {args.t1:g} s "
                f"({int(round(args.t1 / 1e-2))} steps, every step saved), float64"
                + (f", every row vmapped over {args.batch} parameter pairs."
-                  if args.batch > 1 else ", one trajectory."), table)
+                  if args.batch > 1 else ", one trajectory.") + " "
+               + _config.describe(args), table)
 
 
 if __name__ == "__main__":

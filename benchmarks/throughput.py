@@ -1,7 +1,8 @@
 """Throughput: RK4 steps per second of a vmapped batch against the batch size.
 
     python benchmarks/throughput.py [--batches 1 16 256 4096 65536] [--steps 100]
-        [--models r2 r4] [--dtypes float64 float32] [--no-ynn] [--chunk 8192] [--record]
+        [--models r2 r4] [--dtypes float64 float32] [--xla-options default cdiff]
+        [--cpu-devices N] [--chunk 8192] [--record]
 
 R2 (slider-crank) and R4 (double four-bar) with
 `UdwadiaKalaba(constraint_correction=True, energy_correction=True)`, RK4 at
@@ -11,25 +12,23 @@ trajectories together; compile time (first call minus the best later call) is
 reported apart; best of `--repeats` runs. Issue 7's acceptance: >= 1e6 steps/s
 at batch 4096 on the 2-core CPU in float64, >= 1e8 on an H100/H200.
 
-`--no-ynn` sets `XLA_FLAGS=--xla_cpu_experimental_ynn_fusion_type=` before
-JAX starts (CPU only; it hands elementwise fusions back from the YNNPACK
-library to XLA's own code generator, measured 1.7x faster on R2 with jaxlib
-0.10.2). The flag is not set by cdiff itself: older jaxlibs do not know it.
+Each configuration is compiled with JAX's default XLA options and with
+`cdiff.compiler_options()` (on CPU: no YNNPACK library fusions), side by side in
+one run. `--cpu-devices N` splits the CPU into N JAX devices
+(`jax_num_cpu_devices`) and shards every batch over them: each core then runs its
+share of the batch on its own, without XLA's per-operation thread
+synchronisation.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-if "--no-ynn" in sys.argv:
-    os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "")
-                               + " --xla_cpu_experimental_ynn_fusion_type=").strip()
-
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+import _config
+import jax
+import jax.numpy as jnp
 
 jax.config.update("jax_enable_x64", True)
 
@@ -41,8 +40,11 @@ FORMULATION = cdiff.UdwadiaKalaba(constraint_correction=True, energy_correction=
 DT = 1e-2
 
 
-def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None = None):
-    """A jitted function of a `(batch, nq)` perturbation returning final states."""
+def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None,
+           options: str):
+    """A jitted function of a `(batch, nq)` perturbation returning final states,
+    compiled with the XLA options called `options`, and the perturbation (sharded
+    over the devices)."""
     model = MODELS[model_name]()
     q0, v0 = (x.astype(dtype) for x in model.initial_state())
     t1 = steps * DT
@@ -61,14 +63,16 @@ def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None = N
         # to the host in between: jaxlib 0.10.2's CPU runtime hangs on single calls
         # of more than 8192 (README, known limitations).
         def fn(dq):
-            return cdiff.studies.map_batches(one, dq, chunk_size=chunk, progress=False)
+            return cdiff.studies.map_batches(one, dq, chunk_size=chunk, progress=False,
+                                             compiler_options=_config.options(options))
 
         return fn, dq
-    return jax.jit(jax.vmap(one)), dq
+    return (jax.jit(jax.vmap(one), compiler_options=_config.options(options)),
+            _config.shard(dq))
 
 
-def measure(model_name, dtype, batch, steps, repeats, chunk=None):
-    fn, dq = runner(model_name, dtype, batch, steps, chunk)
+def measure(model_name, dtype, batch, steps, repeats, chunk, options):
+    fn, dq = runner(model_name, dtype, batch, steps, chunk, options)
     t = time.perf_counter()
     out = jax.block_until_ready(fn(dq))
     first = time.perf_counter() - t
@@ -91,33 +95,40 @@ def main(argv=None):
     parser.add_argument("--dtypes", nargs="+", default=["float64", "float32"],
                         choices=["float64", "float32"])
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--no-ynn", action="store_true",
-                        help="CPU: leave elementwise fusions to XLA (see above)")
     parser.add_argument("--chunk", type=int, default=None,
                         help="run batches larger than this as chunks of this size "
                              "with cdiff.studies.map_batches (default on CPU: 8192)")
     parser.add_argument("--record", action="store_true")
+    _config.add_arguments(parser, several=True)
     args = parser.parse_args(argv)
+    _config.apply(args)
     device = jax.devices()[0]
     if args.chunk is None and device.platform == "cpu":
         args.chunk = 8192
     print(f"device: {device.platform} ({device.device_kind}); "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
-    lines = ["| model | dtype | batch | compile [s] | run [s] | steps/s | finite |",
-             "|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| model | dtype | batch | XLA options | compile [s] | run [s] | steps/s "
+             "| / default | finite |",
+             "|---|---|---:|---|---:|---:|---:|---:|---|"]
     for model_name in args.models:
         for dtype_name in args.dtypes:
             dtype = jnp.dtype(dtype_name)
             for batch in args.batches:
-                c, r, sps, finite = measure(model_name, dtype, batch, args.steps,
-                                            args.repeats, args.chunk)
-                print(f"{model_name} {dtype_name} batch {batch:6d}: compile {c:6.2f} s,"
-                      f" run {r:8.4f} s, {sps:14,.0f} steps/s"
-                      f"{'' if finite else '  (NON-FINITE)'}", flush=True)
-                chunked = args.chunk is not None and batch > args.chunk
-                lines.append(f"| {model_name.upper()} | {dtype_name} | {batch}"
-                             f"{f' ({batch // args.chunk} x {args.chunk})' if chunked else ''} | "
-                             f"{c:.2f} | {r:.4f} | {sps:,.0f} | {finite} |")
+                base = None
+                for options in args.xla_options:
+                    c, r, sps, finite = measure(model_name, dtype, batch, args.steps,
+                                                args.repeats, args.chunk, options)
+                    base = sps if options == "default" else base
+                    ratio = f"{sps / base:.2f}" if base else "–"
+                    print(f"{model_name} {dtype_name} batch {batch:6d} {options:7s}: "
+                          f"compile {c:6.2f} s, run {r:8.4f} s, {sps:14,.0f} steps/s"
+                          f"{'' if finite else '  (NON-FINITE)'}", flush=True)
+                    chunked = args.chunk is not None and batch > args.chunk
+                    lines.append(
+                        f"| {model_name.upper()} | {dtype_name} | {batch}"
+                        f"{f' ({batch // args.chunk} x {args.chunk})' if chunked else ''}"
+                        f" | {options} | {c:.2f} | {r:.4f} | {sps:,.0f} | {ratio} "
+                        f"| {finite} |")
     table = "\n".join(lines)
     print(table)
     if args.record:
@@ -126,7 +137,8 @@ def main(argv=None):
                "UdwadiaKalaba (constraint + energy correction), RK4, dt = 1e-2, "
                f"{args.steps} steps per trajectory, final state only; steps/s counts "
                "all trajectories; compile time apart; best of "
-               f"{args.repeats}. XLA_FLAGS: `{flags or '(none)'}`.", table)
+               f"{args.repeats}. {_config.describe(args)} XLA_FLAGS: "
+               f"`{flags or '(none)'}`.", table)
 
 
 if __name__ == "__main__":

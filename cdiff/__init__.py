@@ -33,6 +33,7 @@ from ._solver.projected import (
     Projected as Projected,
 )
 from ._solver.rk4 import RK4 as RK4
+from ._xla import compiler_options as compiler_options
 
 try:
     __version__ = importlib.metadata.version("cdiff")

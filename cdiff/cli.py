@@ -279,7 +279,8 @@ def _run(args, parser) -> int:
                           throw=False, solver=solver)
     )
     start = time.perf_counter()
-    compiled = simulate.lower(model, formulation, q0, v0).compile()
+    compiled = simulate.lower(model, formulation, q0, v0).compile(
+        cdiff.compiler_options())
     compiled_at = time.perf_counter()
     sol = jax.block_until_ready(compiled(model, formulation, q0, v0))
     run_time = time.perf_counter() - compiled_at

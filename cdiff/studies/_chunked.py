@@ -19,6 +19,8 @@ import equinox as eqx
 import jax
 import numpy as np
 
+from .._xla import compiler_options as _default_options
+
 _NAME = "cdiff.studies.map_batches"
 _FORMAT = "cdiff.studies.map_batches checkpoint, version 1"
 _MANIFEST = "manifest.json"
@@ -191,6 +193,7 @@ def _sweep(
     key: str = "",
     progress: bool = True,
     devices: Sequence[Any] | None = None,
+    compiler_options: dict[str, Any] | None = None,
     name: str = _NAME,
     on_chunk: Callable | None = None,
 ) -> tuple[Any, _Report]:
@@ -259,7 +262,9 @@ def _sweep(
                 chunk = jax.device_put(chunk, chunk_sharding)
             if compiled is None:
                 start = time.perf_counter()
-                compiled = _vmapped.lower(fn, chunk).compile()
+                options = (_default_options() if compiler_options is None
+                           else compiler_options)
+                compiled = _vmapped.lower(fn, chunk).compile(options)
                 report.compile_time = time.perf_counter() - start
             start = time.perf_counter()
             result = compiled(fn, chunk)
@@ -287,6 +292,7 @@ def map_batches(
     key: str = "",
     progress: bool = True,
     devices: Sequence[Any] | None = None,
+    compiler_options: dict[str, Any] | None = None,
 ) -> Any:
     r"""`jax.vmap(fn)(inputs)` for batches larger than memory: in chunks of
     `chunk_size` items, each chunk **one compiled `jax.vmap`ped call split over
@@ -332,6 +338,8 @@ def map_batches(
       along the batch. The chunk is then padded to a multiple of the device count,
       like the last chunk; the saved chunks do not depend on it, so a sweep can be
       resumed on another number of devices.
+    - `compiler_options`: XLA options for the compilation, default
+      [`cdiff.compiler_options`][] (`{}` gives JAX's defaults).
 
     **Returns:** `outputs`, the pytree that `fn` returns, with NumPy leaves of
     leading size N, in the order of `inputs`.
@@ -361,4 +369,5 @@ def map_batches(
         ```
     """
     return _sweep(fn, inputs, chunk_size=chunk_size, checkpoint=checkpoint, key=key,
-                  progress=progress, devices=devices)[0]
+                  progress=progress, devices=devices,
+                  compiler_options=compiler_options)[0]

@@ -28,6 +28,7 @@ from .._simulate import (
     simulate,
 )
 from .._solver.frozen import FrozenStep
+from .._xla import compiler_options
 from .._solver.grid import UniformGrid
 from .._solver.rk4 import RK4
 from ._chunked import _sweep
@@ -317,25 +318,24 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
     if ks is not None:
         args = (model, formulation, axes, solver, setup.q0, setup.v0, setup.t1,
                 jnp.asarray(ks), setup.ts, setup.e0, setup.obs_ref)
-        batch = _batch_on_grid
+        batch, one = _batch_on_grid, _single_on_grid
 
-        def single(i):
-            return _single_on_grid(model, _index(formulation, axes, i), solver,
-                                   setup.q0, setup.v0, setup.t1, jnp.asarray(ks[i]),
-                                   setup.ts, setup.e0, setup.obs_ref)
+        def single_args(i):
+            return (model, _index(formulation, axes, i), solver, setup.q0, setup.v0,
+                    setup.t1, jnp.asarray(ks[i]), setup.ts, setup.e0, setup.obs_ref)
     else:
         max_steps = max(constant_steps(0.0, float(setup.t1), dt) for dt in dts)
         args = (model, formulation, axes, solver, setup.q0, setup.v0, setup.t1,
                 jnp.asarray(dts), setup.ts, max_steps, setup.e0, setup.obs_ref)
-        batch = _batch
+        batch, one = _batch, _single
 
-        def single(i):
-            return _single(model, _index(formulation, axes, i), solver, setup.q0,
-                           setup.v0, setup.t1, jnp.asarray(dts[i]), setup.ts,
-                           max_steps, setup.e0, setup.obs_ref)
+        def single_args(i):
+            return (model, _index(formulation, axes, i), solver, setup.q0, setup.v0,
+                    setup.t1, jnp.asarray(dts[i]), setup.ts, max_steps, setup.e0,
+                    setup.obs_ref)
 
     start = time.perf_counter()
-    compiled = batch.lower(*args).compile()
+    compiled = batch.lower(*args).compile(compiler_options())
     compile_time = time.perf_counter() - start
     batch_time = np.inf
     for _ in range(repeat):
@@ -344,11 +344,12 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
         batch_time = min(batch_time, time.perf_counter() - start)
     each = np.full(n, np.nan)
     if time_each:
-        _block(single(0))  # compile (dt or k is traced: one compilation for all)
+        # dt or k is traced: one compilation for all, with the batch's options.
+        single = one.lower(*single_args(0)).compile(compiler_options())
         for i in range(n):
             for _ in range(repeat):
                 start = time.perf_counter()
-                _block(single(i))
+                _block(single(*single_args(i)))
                 each[i] = np.fmin(each[i], time.perf_counter() - start)
     return measures, compile_time, batch_time, each
 

@@ -1,0 +1,57 @@
+"""Settings the benchmarks share: XLA compiler options and the number of CPU devices."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+import cdiff
+
+OPTIONS = ("default", "cdiff")
+
+
+def add_arguments(parser, *, several: bool = False) -> None:
+    """`--xla-options` (`default`: JAX's; `cdiff`: `cdiff.compiler_options()`) and
+    `--cpu-devices N` (split the CPU into N JAX devices, batches sharded over them)."""
+    parser.add_argument(
+        "--xla-options", choices=OPTIONS, nargs="+" if several else None,
+        default=list(OPTIONS) if several else "cdiff",
+        help="XLA compiler options of cdiff's programs: JAX's defaults or "
+             "cdiff.compiler_options()" + (" (each, side by side)" if several else ""))
+    parser.add_argument(
+        "--cpu-devices", type=int, default=None,
+        help="split the CPU into this many JAX devices and shard every batch over "
+             "them (jax_num_cpu_devices; default: JAX's, one)")
+
+
+def apply(args) -> None:
+    """Call before the first JAX computation."""
+    if args.cpu_devices is not None:
+        jax.config.update("jax_num_cpu_devices", args.cpu_devices)
+
+
+def options(name: str) -> dict:
+    """The compiler options called `name` (see `add_arguments`)."""
+    return cdiff.compiler_options() if name == "cdiff" else {}
+
+
+def describe(args) -> str:
+    """One sentence for RESULTS.md."""
+    chosen = args.xla_options if isinstance(args.xla_options, list) else [args.xla_options]
+    text = {"default": "JAX's default XLA options",
+            "cdiff": f"cdiff.compiler_options() = `{cdiff.compiler_options()}`"}
+    return (f"Compiler options: {'; '.join(text[c] for c in chosen)}. "
+            f"{jax.device_count()} {jax.devices()[0].platform} device(s), batches "
+            "sharded over them.")
+
+
+def shard(tree):
+    """`tree`'s arrays split along their first axis over all local devices (when
+    it divides evenly; otherwise left on the default device)."""
+    devices = jax.local_devices()
+    leaves = jax.tree.leaves(tree)
+    if len(devices) == 1 or any(np.shape(x)[0] % len(devices) for x in leaves):
+        return tree
+    sharding = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
+    return jax.device_put(tree, sharding)
