@@ -22,9 +22,8 @@ def compiler_options(backend: str | None = None) -> dict[str, str]:
     On CPU they keep reductions out of YNNPACK library fusions
     (`xla_cpu_experimental_ynn_fusion_type=""`), which cost a library call per
     small reduction: R2 with `UdwadiaKalaba(energy_correction=True)` and RK4,
-    a batch of 4096 in float64 on 2 cores, runs 1.7x faster (400,000 against
-    690,000 steps/s, `benchmarks/throughput.py`), and one trajectory's gradient
-    1.2x faster. On other backends, and with a jaxlib that does not know the
+    a batch of 4096 in float64 on 2 cores, runs 1.88x faster (350,000 against
+    659,000 steps/s in one `benchmarks/throughput.py` run), one trajectory 1.2x. On other backends, and with a jaxlib that does not know the
     option (checked once by compiling a trivial function), the dict is empty.
 
     cdiff's own top-level compilations ([`cdiff.studies.map_batches`][], the

@@ -29,6 +29,11 @@ def _batch(dq):
     return jax.vmap(one)(dq)
 
 
+def _batch_one(dq):
+    """`_batch` for one perturbation (the item `map_batches` maps)."""
+    return _batch(dq[None])[0]
+
+
 def _dq():
     return jnp.zeros((8, 6)).at[:, 2].set(jnp.linspace(0.0, 1e-3, 8))
 
@@ -67,10 +72,6 @@ def test_map_batches_options():
     with pytest.raises(Exception, match="xla_cpu_no_such_option"):
         cdiff.studies.map_batches(_batch_one, dq, chunk_size=8, progress=False,
                                   compiler_options={"xla_cpu_no_such_option": "1"})
-
-
-def _batch_one(dq):
-    return _batch(dq[None])[0]
 
 
 def test_unknown_option_falls_back(monkeypatch):

@@ -28,9 +28,9 @@ from .._simulate import (
     simulate,
 )
 from .._solver.frozen import FrozenStep
-from .._xla import compiler_options
 from .._solver.grid import UniformGrid
 from .._solver.rk4 import RK4
+from .._xla import compiler_options
 from ._chunked import _sweep
 from ._table import Table
 
