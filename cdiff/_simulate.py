@@ -23,7 +23,8 @@ from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, DAEResults, bdf_solve
 from ._solver.frozen import FrozenStep
 from ._solver.grid import UniformGrid
-from ._solver.rk4 import RK4
+from ._solver.rk4 import RK4, rk4_solve
+from ._xla import compute_once
 
 
 class Solution(eqx.Module):
@@ -144,6 +145,9 @@ class _VectorField(eqx.Module):
     formulation: AbstractFormulation
 
     def __call__(self, t, y, args):
+        return compute_once(self._rate)(t, y, args)
+
+    def _rate(self, t, y, args):
         context, frozen = args
         return self.formulation.vector_field(t, y, context, frozen)
 
@@ -282,6 +286,8 @@ def simulate(
             saveat=saveat, stepsize_controller=stepsize_controller, adjoint=adjoint,
             max_steps=max_steps, throw=throw, progress=progress,
         )
+    steps = _own_loop_steps(solver, stepsize_controller, saveat, adjoint, progress,
+                            max_steps, (t0, t1, dt))
     if adjoint is None:
         every_step = constant and max_steps <= _CHECKPOINT_EVERY_STEP
         adjoint = diffrax.RecursiveCheckpointAdjoint(
@@ -306,7 +312,34 @@ def simulate(
         model, formulation, control, q0, v0, *times,
         solver=solver, saveat=saveat, stepsize_controller=stepsize_controller,
         adjoint=adjoint, max_steps=max_steps, throw=throw, progress=progress,
+        steps=steps,
     )
+
+
+def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, progress,
+                    max_steps, times) -> int | None:
+    """The number of steps when `simulate` runs its own constant-step RK4 loop
+    ([`rk4_solve`][]), or None for `diffrax.diffeqsolve`: the default RK4 with a
+    constant step known before tracing, the default adjoint, no progress bar, and a
+    `saveat` of `t0`, `t1` and/or `steps`."""
+    sub = _plain_saveat(saveat)
+    if not (
+        _OWN_LOOP
+        and type(solver) is RK4
+        and isinstance(stepsize_controller, diffrax.ConstantStepSize)
+        and adjoint is None
+        and not progress
+        and sub is not None
+        and sub.ts is None
+        and _is_concrete(times)
+    ):
+        return None
+    steps = constant_steps(*times)
+    return steps if steps <= max_steps else None
+
+
+# Switch for tests and benchmarks that compare the two loops (read before tracing).
+_OWN_LOOP = True
 
 
 def _floats_to_arrays(tree):
@@ -316,7 +349,7 @@ def _floats_to_arrays(tree):
 @eqx.filter_jit
 def _simulate(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
-    stepsize_controller, adjoint, max_steps, throw, progress,
+    stepsize_controller, adjoint, max_steps, throw, progress, steps,
 ):
     dtype = q0.dtype
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
@@ -334,7 +367,52 @@ def _simulate(
     frozen0 = jax.tree.map(
         jnp.zeros_like, formulation.freeze(t0, t0 + dt, y0, context)
     )
-    sol = diffrax.diffeqsolve(
+    if steps is not None:
+        sol = _own_loop(formulation, context, stepsize_controller.ts, y0, steps=steps,
+                        saveat=saveat, max_steps=max_steps, throw=throw)
+    else:
+        sol = _diffeqsolve(formulation, context, t0, t1, dt0, y0, frozen0,
+                           solver=solver, saveat=saveat,
+                           stepsize_controller=stepsize_controller, adjoint=adjoint,
+                           max_steps=max_steps, throw=throw, progress=progress)
+    ts = sol.ts
+    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, dt, ts,
+                                                     sol.ys)
+    dt_taken = dt if constant else jnp.asarray(jnp.nan, dtype)
+    return Solution(
+        ts, q, v, hol, vel, energy, force, lam, sol.ys, sol.result, dt_taken,
+        sol.stats,
+    )
+
+
+class _Solved(eqx.Module):
+    ts: Any
+    ys: Any
+    result: Any
+    stats: dict
+
+
+def _own_loop(formulation, context, grid_ts, y0, *, steps, saveat, max_steps, throw):
+    """Constant-step RK4 by [`rk4_solve`][] (see `_own_loop_steps`)."""
+    vector_field = _VectorField(formulation)
+    sub = _plain_saveat(saveat)
+    ts, ys, result, taken = rk4_solve(
+        lambda t, y, frozen: vector_field(t, y, (context, frozen)),
+        lambda t0, t1, y: compute_once(formulation.freeze)(t0, t1, y, context),
+        lambda t, y: formulation.end_step(t, y, context),
+        grid_ts, y0, steps=steps, save_t0=bool(sub.t0), save_steps=bool(sub.steps),
+        save_t1=bool(sub.t1), rows=max_steps,
+    )
+    if throw:
+        ts = result.error_if(ts, result != diffrax.RESULTS.successful)
+    stats = dict(max_steps=max_steps, num_steps=taken, num_accepted_steps=taken,
+                 num_rejected_steps=jnp.zeros_like(taken))
+    return _Solved(ts, ys, result, stats)
+
+
+def _diffeqsolve(formulation, context, t0, t1, dt0, y0, frozen0, *, solver, saveat,
+                 stepsize_controller, adjoint, max_steps, throw, progress):
+    return diffrax.diffeqsolve(
         diffrax.ODETerm(_VectorField(formulation)),
         FrozenStep(solver, formulation),
         t0,
@@ -350,14 +428,6 @@ def _simulate(
         progress_meter=(
             diffrax.TqdmProgressMeter() if progress else diffrax.NoProgressMeter()
         ),
-    )
-    ts = sol.ts
-    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, dt, ts,
-                                                     sol.ys)
-    dt_taken = dt if constant else jnp.asarray(jnp.nan, dtype)
-    return Solution(
-        ts, q, v, hol, vel, energy, force, lam, sol.ys, sol.result, dt_taken,
-        sol.stats,
     )
 
 
@@ -416,6 +486,15 @@ def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
     return tuple(mask(x) for x in out)
 
 
+def _plain_saveat(saveat: diffrax.SaveAt) -> diffrax.SubSaveAt | None:
+    """The one `SubSaveAt` of a `SaveAt` that saves the state at `t0`, `t1`, `ts`
+    and/or `steps` (no nested `SaveAt`, no `fn`, no dense output), else None."""
+    subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    if len(subs) != 1 or getattr(subs[0].fn, "__name__", "") != "save_y":
+        return None
+    return None if saveat.dense else subs[0]
+
+
 def _simulate_with_bdf(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
     stepsize_controller, adjoint, max_steps, throw, progress,
@@ -437,15 +516,12 @@ def _simulate_with_bdf(
                 "method cannot provide; use cdiff.RK4 (or another diffrax solver), "
                 "or a DAE formulation such as cdiff.GGL."
             )
-    subs = jax.tree.leaves(saveat.subs, is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
-    if len(subs) != 1 or getattr(subs[0].fn, "__name__", "") != "save_y":
+    sub = _plain_saveat(saveat)
+    if sub is None:
         raise ValueError(
             "cdiff.simulate: with cdiff.BDF, saveat supports t0, t1, ts and steps "
             "(no nested SaveAt, no fn, no dense)."
         )
-    if saveat.dense:
-        raise ValueError("cdiff.simulate: cdiff.BDF does not provide dense output")
-    sub = subs[0]
     if sub.steps not in (0, 1, True, False):
         raise ValueError("cdiff.simulate: with cdiff.BDF, saveat.steps must be a bool")
     model, formulation, control, solver = _floats_to_arrays(

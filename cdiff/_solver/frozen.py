@@ -7,10 +7,11 @@ import jax
 import jax.numpy as jnp
 
 from .._formulation.base import AbstractFormulation
+from .._xla import compute_once
 from .base import AbstractForwardingSolver
 
 
-def _all_finite(tree) -> jax.Array:
+def all_finite(tree) -> jax.Array:
     leaves = jax.tree_util.tree_leaves(tree)
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
@@ -42,7 +43,7 @@ class FrozenStep(AbstractForwardingSolver):
 
     def _args(self, t0, t1, y0, args):
         context, _ = args
-        return context, self.formulation.freeze(t0, t1, y0, context)
+        return context, compute_once(self.formulation.freeze)(t0, t1, y0, context)
 
     def init(self, terms, t0, t1, y0, args):
         return self.solver.init(terms, t0, t1, y0, self._args(t0, t1, y0, args))
@@ -56,6 +57,6 @@ class FrozenStep(AbstractForwardingSolver):
         )
         y1 = self.formulation.end_step(t1, y1, inner_args[0])
         result = diffrax.RESULTS.where(
-            _all_finite(y1), result, diffrax.RESULTS.nonfinite
+            all_finite(y1), result, diffrax.RESULTS.nonfinite
         )
         return y1, y_error, dense_info, solver_state, result
