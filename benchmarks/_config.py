@@ -1,6 +1,9 @@
-"""Settings the benchmarks share: XLA compiler options and the number of CPU devices."""
+"""Settings the benchmarks share: XLA compiler options, cdiff's kernels and the
+number of CPU devices."""
 
 from __future__ import annotations
+
+import contextlib
 
 import jax
 import numpy as np
@@ -9,6 +12,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 import cdiff
 
 OPTIONS = ("default", "cdiff")
+KERNELS = ("diffrax", "cdiff")
 
 
 def add_arguments(parser, *, several: bool = False) -> None:
@@ -19,6 +23,12 @@ def add_arguments(parser, *, several: bool = False) -> None:
         default=list(OPTIONS) if several else "cdiff",
         help="XLA compiler options of cdiff's programs: JAX's defaults or "
              "cdiff.compiler_options()" + (" (each, side by side)" if several else ""))
+    if several:
+        parser.add_argument(
+            "--kernels", choices=KERNELS, nargs="+", default=["cdiff"],
+            help="cdiff's kernels for constant-step RK4 (its own loop, each distinct "
+                 "transcendental computed once) or diffrax.diffeqsolve with the "
+                 "vector field as written (each, side by side)")
     parser.add_argument(
         "--cpu-devices", type=int, default=None,
         help="split the CPU into this many JAX devices and shard every batch over "
@@ -34,6 +44,24 @@ def apply(args) -> None:
 def options(name: str) -> dict:
     """The compiler options called `name` (see `add_arguments`)."""
     return cdiff.compiler_options() if name == "cdiff" else {}
+
+
+@contextlib.contextmanager
+def kernels(name: str):
+    """Within: `cdiff.simulate` traces with the kernels called `name` (`diffrax`:
+    `diffrax.diffeqsolve` and the vector field as written; `cdiff`: its own RK4 loop
+    and `compute_once`). Clears JAX's caches on entry and exit so that nothing
+    traced with the other kernels is reused."""
+    from cdiff import _simulate, _xla
+
+    saved = _simulate._OWN_LOOP, _xla.ENABLED
+    _simulate._OWN_LOOP = _xla.ENABLED = name == "cdiff"
+    jax.clear_caches()
+    try:
+        yield
+    finally:
+        _simulate._OWN_LOOP, _xla.ENABLED = saved
+        jax.clear_caches()
 
 
 def describe(args) -> str:

@@ -2,7 +2,7 @@
 
     python benchmarks/throughput.py [--batches 1 16 256 4096 65536] [--steps 100]
         [--models r2 r4] [--dtypes float64 float32] [--xla-options default cdiff]
-        [--cpu-devices N] [--chunk 8192] [--record]
+        [--kernels diffrax cdiff] [--cpu-devices N] [--chunk 8192] [--record]
 
 R2 (slider-crank) and R4 (double four-bar) with
 `UdwadiaKalaba(constraint_correction=True, energy_correction=True)`, RK4 at
@@ -14,7 +14,9 @@ at batch 4096 on the 2-core CPU in float64, >= 1e8 on an H100/H200.
 
 Each configuration is compiled with JAX's default XLA options and with
 `cdiff.compiler_options()` (on CPU: no YNNPACK library fusions), side by side in
-one run. `--cpu-devices N` splits the CPU into N JAX devices
+one run; `--kernels diffrax cdiff` adds the comparison of cdiff's constant-step
+RK4 loop and `compute_once` with `diffrax.diffeqsolve` and the vector field as
+written. The ratio column divides by the first variant of the same configuration. `--cpu-devices N` splits the CPU into N JAX devices
 (`jax_num_cpu_devices`) and shards every batch over them: each core then runs its
 share of the batch on its own, without XLA's per-operation thread
 synchronisation.
@@ -71,16 +73,17 @@ def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None,
             _config.shard(dq))
 
 
-def measure(model_name, dtype, batch, steps, repeats, chunk, options):
-    fn, dq = runner(model_name, dtype, batch, steps, chunk, options)
-    t = time.perf_counter()
-    out = jax.block_until_ready(fn(dq))
-    first = time.perf_counter() - t
-    best = float("inf")
-    for _ in range(repeats):
+def measure(model_name, dtype, batch, steps, repeats, chunk, options, kernels):
+    with _config.kernels(kernels):
+        fn, dq = runner(model_name, dtype, batch, steps, chunk, options)
         t = time.perf_counter()
         out = jax.block_until_ready(fn(dq))
-        best = min(best, time.perf_counter() - t)
+        first = time.perf_counter() - t
+        best = float("inf")
+        for _ in range(repeats):
+            t = time.perf_counter()
+            out = jax.block_until_ready(fn(dq))
+            best = min(best, time.perf_counter() - t)
     finite = bool(jnp.all(jnp.isfinite(out)))
     return first - best, best, batch * steps / best, finite
 
@@ -107,27 +110,31 @@ def main(argv=None):
         args.chunk = 8192
     print(f"device: {device.platform} ({device.device_kind}); "
           f"XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r}", flush=True)
-    lines = ["| model | dtype | batch | XLA options | compile [s] | run [s] | steps/s "
-             "| / default | finite |",
-             "|---|---|---:|---|---:|---:|---:|---:|---|"]
+    lines = ["| model | dtype | batch | XLA options | kernels | compile [s] | run [s] "
+             "| steps/s | / first | finite |",
+             "|---|---|---:|---|---|---:|---:|---:|---:|---|"]
+    variants = [(o, k) for o in args.xla_options for k in args.kernels]
     for model_name in args.models:
         for dtype_name in args.dtypes:
             dtype = jnp.dtype(dtype_name)
             for batch in args.batches:
                 base = None
-                for options in args.xla_options:
+                for options, kernels in variants:
                     c, r, sps, finite = measure(model_name, dtype, batch, args.steps,
-                                                args.repeats, args.chunk, options)
-                    base = sps if options == "default" else base
-                    ratio = f"{sps / base:.2f}" if base else "–"
-                    print(f"{model_name} {dtype_name} batch {batch:6d} {options:7s}: "
+                                                args.repeats, args.chunk, options,
+                                                kernels)
+                    base = sps if base is None else base
+                    ratio = f"{sps / base:.2f}"
+                    print(f"{model_name} {dtype_name} batch {batch:6d} {options:7s} "
+                          f"{kernels:7s}: "
                           f"compile {c:6.2f} s, run {r:8.4f} s, {sps:14,.0f} steps/s"
                           f"{'' if finite else '  (NON-FINITE)'}", flush=True)
                     chunked = args.chunk is not None and batch > args.chunk
                     lines.append(
                         f"| {model_name.upper()} | {dtype_name} | {batch}"
                         f"{f' ({batch // args.chunk} x {args.chunk})' if chunked else ''}"
-                        f" | {options} | {c:.2f} | {r:.4f} | {sps:,.0f} | {ratio} "
+                        f" | {options} | {kernels} | {c:.2f} | {r:.4f} | {sps:,.0f} "
+                        f"| {ratio} "
                         f"| {finite} |")
     table = "\n".join(lines)
     print(table)
