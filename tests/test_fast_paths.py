@@ -243,3 +243,6 @@ def test_own_loop_only_for_plain_constant_rk4():
     assert seen == [None]
     # Fewer max_steps than steps: diffrax reports the failure.
     assert steps(cdiff.RK4(), constant, plain, None, False, 9, times) is None
+    # More steps than one checkpoint each allows: diffrax's O(sqrt(n)) checkpoints.
+    many = (0.0, 1.0, 1.0 / 20_000)
+    assert steps(cdiff.RK4(), constant, plain, None, False, 20_000, many) is None
