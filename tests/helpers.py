@@ -109,3 +109,15 @@ def stack_curves(curves):
     models = [cdiff.models.PlanarArmOnCurve(c) for c in curves]
     return (jnp.stack([m.coefficients for m in models]),
             jnp.stack([m.hold for m in models]))
+
+
+class Exploding(cdiff.AbstractModel):
+    """A force exp(rate t) that overflows to inf during the run for rate = 1000."""
+
+    rate: float = 1000.0
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.exp(self.rate * t) * jnp.ones_like(q)

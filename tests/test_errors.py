@@ -13,6 +13,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Exploding
 
 import cdiff
 from cdiff._model import check_model
@@ -248,18 +249,6 @@ class Shrinking(cdiff.AbstractModel):
     def mass_matrix(self, t, q):
         d = jnp.stack([jnp.ones_like(t), 1 - self.rate * t])
         return jnp.diag(d).astype(q.dtype)
-
-
-class Exploding(cdiff.AbstractModel):
-    """A force exp(rate t) that overflows to inf during the run for rate = 1000."""
-
-    rate: float = 1000.0
-
-    def mass_matrix(self, t, q):
-        return jnp.eye(2, dtype=q.dtype)
-
-    def forces(self, t, q, v):
-        return jnp.exp(self.rate * t) * jnp.ones_like(q)
 
 
 # Under plain `jax.jit` the same failure surfaces as `jax.errors.JaxRuntimeError`

@@ -19,6 +19,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Exploding
 
 import cdiff
 from cdiff import _simulate, _xla
@@ -171,22 +172,10 @@ def test_own_loop_matches_diffrax_formulations(formulation):
                                atol=1e-9)
 
 
-class _Exploding(cdiff.AbstractModel):
-    """A force exp(rate t): overflows to inf near t = 0.71 for rate = 1000."""
-
-    rate: float = 1000.0
-
-    def mass_matrix(self, t, q):
-        return jnp.eye(2, dtype=q.dtype)
-
-    def forces(self, t, q, v):
-        return jnp.exp(self.rate * t) * jnp.ones_like(q)
-
-
 @pytest.mark.parametrize("save", ["default", "t1"])
 def test_own_loop_failure_as_diffrax(save):
     def run():
-        return cdiff.simulate(_Exploding(), cdiff.Lagrange(), jnp.zeros(2),
+        return cdiff.simulate(Exploding(), cdiff.Lagrange(), jnp.zeros(2),
                               jnp.zeros(2), t1=2.0, dt=0.1, throw=False,
                               saveat=SAVES[save])
 
@@ -196,7 +185,7 @@ def test_own_loop_failure_as_diffrax(save):
     np.testing.assert_array_equal(np.asarray(own.ts), np.asarray(general.ts))
     np.testing.assert_array_equal(np.asarray(own.q), np.asarray(general.q))
     with pytest.raises(RuntimeError, match="Nonfinite"):
-        cdiff.simulate(_Exploding(), cdiff.Lagrange(), jnp.zeros(2), jnp.zeros(2),
+        cdiff.simulate(Exploding(), cdiff.Lagrange(), jnp.zeros(2), jnp.zeros(2),
                        t1=2.0, dt=0.1)
 
 
