@@ -139,6 +139,10 @@ _BDF_MAX_STEPS = 16_384
 # backward pass then recomputes each step once, where diffrax's default O(sqrt(n))
 # checkpoints recompute most steps twice or more.
 _CHECKPOINT_EVERY_STEP = 16_384
+# Up to this many, cdiff's own RK4 loop keeps every stage's input instead (R2: about
+# 830 bytes per step and trajectory): its backward pass recomputes single stages, not
+# whole steps (a gradient over 1000 steps 4.6 instead of 5.9 times the simulation).
+_KEEP_STAGES = 4096
 
 
 class _VectorField(eqx.Module):
@@ -208,7 +212,10 @@ def simulate(
       checkpoint per step for constant steps up to 16384 of them (memory: the
       loop state, ~100 bytes for R2, per step and per trajectory; pass
       `diffrax.RecursiveCheckpointAdjoint()` for diffrax's $O(\sqrt{n})$
-      checkpoints when that is too much), otherwise diffrax's default;
+      checkpoints when that is too much), otherwise diffrax's default. cdiff's own
+      RK4 loop (see `solver`) stores the four stage inputs of each step up to 4096
+      steps (R2: ~830 bytes per step; its backward pass is then 1.3 times faster),
+      one state per step up to 16384;
       `diffrax.ForwardMode()` for `jax.jacfwd` (cdiff's own RK4 loop, see `solver`,
       also takes `jax.jacfwd` with the default).
     - `throw`: raise on solver failure (default). With `throw=False` check
@@ -409,7 +416,7 @@ def _own_loop(formulation, context, grid_ts, y0, *, steps, saveat, max_steps, th
         lambda t0, t1, y: compute_once(formulation.freeze)(t0, t1, y, context),
         lambda t, y: formulation.end_step(t, y, context),
         grid_ts, y0, steps=steps, save_t0=bool(sub.t0), save_steps=bool(sub.steps),
-        save_t1=bool(sub.t1), rows=max_steps,
+        save_t1=bool(sub.t1), rows=max_steps, keep_stages=steps <= _KEEP_STAGES,
     )
     if throw:
         ts = result.error_if(ts, result != diffrax.RESULTS.successful)
