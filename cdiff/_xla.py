@@ -187,18 +187,20 @@ class _Schedule:
             return ref[1] if ref[0] == "literal" else env[ref]
 
         def key(node, values):
+            """The equation's identity for sharing, or None (effects, or parameters
+            that cannot be hashed and compared)."""
             if node.eqn.effects:
-                return None
-            try:
-                params = _hashable(node.eqn.params)
-                hash(params)
-            except TypeError:
                 return None
             ids = tuple(
                 ("literal", repr(r[1])) if r[0] == "literal" else id(x)
                 for r, x in zip(node.inputs, values)
             )
-            return node.eqn.primitive, params, ids
+            k = (node.eqn.primitive, _hashable(node.eqn.params), ids)
+            try:
+                k in memo  # noqa: B015 (hashing and comparing may raise)
+            except (TypeError, ValueError):
+                return None
+            return k
 
         waiting = self.nodes
         while waiting:
