@@ -74,9 +74,9 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
       and it recomputes only each stage for its derivative: R2, one trajectory over
       1000 steps, a gradient 4.6 instead of 5.9 times the simulation.
 
-    A step that ends in a non-finite state stops the
-    solve with `RESULTS.nonfinite`, as in diffrax: it and the time it reached are
-    saved (the `t1` row and its step row), the later rows are inf.
+    A step that ends in a non-finite state stops the solve with
+    `RESULTS.nonfinite`, as in diffrax: it and the time it reached are saved (the
+    `t1` row and its step row), the later rows are inf.
 
     **Returns:** `(saved_ts, saved_ys, result, num_steps)`.
     """
