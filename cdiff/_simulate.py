@@ -193,7 +193,7 @@ def simulate(
       its own loop when the step is constant and known before tracing (up to 16384
       steps), `adjoint` and `progress` are left at their defaults and `saveat` asks
       for `t0`, `t1` and/or `steps`: the same results as `diffrax.diffeqsolve`,
-      1.1 to 2 times faster (README, Performance notes). Wrap it in
+      1.06 (one trajectory) to 2 times faster (README, Performance notes). Wrap it in
       [`cdiff.Projected`][] to project onto the constraints after every step. A DAE
       formulation ([`cdiff.GGL`][], [`cdiff.IndexOne`][]) needs [`cdiff.BDF`][],
       which also takes ODE formulations without per-step data; with it `dt` is the
@@ -349,7 +349,7 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, progress,
         return None
     steps = constant_steps(*times)
     # Beyond _CHECKPOINT_EVERY_STEP steps reverse mode keeps diffrax's O(sqrt(n))
-    # checkpoints (the own loop keeps one per step).
+    # checkpoints (the own loop keeps at least one state per step).
     return steps if steps <= min(max_steps, _CHECKPOINT_EVERY_STEP) else None
 
 
@@ -378,16 +378,12 @@ def _simulate(
         stepsize_controller = UniformGrid.build(t0, t1, dt, max_steps + 1)
         dt, dt0 = stepsize_controller.step, None
     y0 = formulation.init_state(t0, q0, v0, context)
-    # A zero placeholder for the per-step data (see FrozenStep).
-    frozen0 = jax.tree.map(
-        jnp.zeros_like, formulation.freeze(t0, t0 + dt, y0, context)
-    )
     if steps is not None:
         sol = _own_loop(formulation, context, stepsize_controller.ts, y0, steps=steps,
                         saveat=saveat, max_steps=max_steps, throw=throw)
     else:
-        sol = _diffeqsolve(formulation, context, t0, t1, dt0, y0, frozen0,
-                           solver=solver, saveat=saveat,
+        sol = _diffeqsolve(formulation, context, t0, t1, dt0, dt, y0, solver=solver,
+                           saveat=saveat,
                            stepsize_controller=stepsize_controller, adjoint=adjoint,
                            max_steps=max_steps, throw=throw, progress=progress)
     ts = sol.ts
@@ -425,8 +421,12 @@ def _own_loop(formulation, context, grid_ts, y0, *, steps, saveat, max_steps, th
     return _Solved(ts, ys, result, stats)
 
 
-def _diffeqsolve(formulation, context, t0, t1, dt0, y0, frozen0, *, solver, saveat,
+def _diffeqsolve(formulation, context, t0, t1, dt0, dt, y0, *, solver, saveat,
                  stepsize_controller, adjoint, max_steps, throw, progress):
+    # A zero placeholder for the per-step data (see FrozenStep).
+    frozen0 = jax.tree.map(
+        jnp.zeros_like, formulation.freeze(t0, t0 + dt, y0, context)
+    )
     return diffrax.diffeqsolve(
         diffrax.ODETerm(_VectorField(formulation)),
         FrozenStep(solver, formulation),
