@@ -51,6 +51,16 @@ elementwise operation over the whole batch, which XLA fuses with the rest of the
 vector field; LAPACK (CPU) and cuSOLVER (GPU) would instead be called once per
 matrix of the batch, and for 5 x 5 matrices the call costs more than the
 arithmetic. Larger matrices go to `jax.numpy.linalg`.
+
+**Derivatives by matrix formulas.** The unrolled kernels are differentiated by
+their matrix derivatives, not entry by entry: the Cholesky factor by $dL =
+L\,\Phi(L^{-1}\,dA\,L^{-T})$, a substitution as a linear solve, and
+[`PseudoInverse.multipliers`][] as the linear solve it is, in $C$ and $r$ with the
+factor at hand (no factor is differentiated there; reverse mode never transposes
+the Gram matrix's factorisation). Products in these rules are written as products
+and sums, like [`gram`][], and $L^{-1}dA\,L^{-T}$ goes through $L^{-1}$: XLA's CPU
+compiler fuses two chained substitutions into one loop that recomputes the first
+for every entry of the second (R2's gradient was 1.2 times slower that way).
 """
 
 from __future__ import annotations
@@ -61,6 +71,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
+from jax.custom_derivatives import SymbolicZero
 from jaxtyping import Array, Float
 
 
@@ -78,6 +89,13 @@ def gram(C: Float[Array, "k n"]) -> Float[Array, "k k"]:
 def matvec(A: Float[Array, "k n"], x: Float[Array, " n"]) -> Float[Array, " k"]:
     """`A x` as a product and a sum (see [`gram`][])."""
     return jnp.sum(A * x, axis=-1)
+
+
+def _matmul(A, x):
+    """`A x` for `x` of shape `(n,)` or `(n, r)`, as products and sums (see [`gram`][])."""
+    if x.ndim == 1:
+        return matvec(A, x)
+    return jnp.sum(A[:, :, None] * x[None, :, :], axis=1)
 
 
 def cholesky(A: Float[Array, "n n"]) -> Float[Array, "n n"]:
@@ -139,9 +157,13 @@ def _cholesky_jvp(primals, tangents):
     (A,), (dA,) = primals, tangents
     L = _cholesky(A)
     dA = jnp.tril(dA) + jnp.tril(dA, -1).T  # the lower triangle is what is read
-    X = solve_triangular(L, solve_triangular(L, dA).T).T  # L^-1 dA L^-T
+    # L^-1 dA L^-T through the inverse factor and products: two chained
+    # substitutions would be fused into one loop that recomputes the first for
+    # every entry of the second.
+    Linv = solve_triangular(L, jnp.eye(L.shape[-1], dtype=L.dtype))
+    X = _matmul(_matmul(Linv, dA), Linv.T)
     phi = jnp.tril(X) - 0.5 * jnp.diag(jnp.diag(X))
-    return L, L @ phi
+    return L, _matmul(L, phi)
 
 
 def _substitute(T, b, forward: bool):
@@ -188,7 +210,7 @@ def _solve(T, b, forward: bool):
 def _solve_jvp(forward, primals, tangents):
     (T, b), (dT, db) = primals, tangents
     x = _solve(T, b, forward)
-    return x, _substitute(T, db - jnp.tensordot(dT, x, axes=1), forward)
+    return x, _substitute(T, db - _matmul(dT, x), forward)
 
 
 # Each kernel is traced once per shape and dtype and enters a program as one call,
@@ -245,10 +267,18 @@ class MassFactor(eqx.Module):
 
 
 class PseudoInverse(eqx.Module):
-    r"""Smooth, factorised pseudoinverse of $C$ (`k x n`), see the module docs."""
+    r"""Smooth, factorised pseudoinverse of $C$ (`k x n`), see the module docs.
+
+    [`multipliers`][] (and so [`solve`][]) is differentiated as the linear solve it
+    is, through the Gram matrix $G = CC^T$ and the factor at hand, $d\lambda_0 =
+    (G + \epsilon I)^{-1}(dr - dG\,\lambda_0)$ and the same for the refinement
+    step, with the damping $\epsilon$ held fixed as in the solve: reverse mode then
+    never transposes the Cholesky factorisation (R2's gradient 1.1x faster for one
+    trajectory, 1.2-1.3x for a batch of 64).
+    """
 
     C: Float[Array, "k n"]
-    chol: Float[Array, "k k"]
+    chol: Float[Array, "k k"]  # Cholesky factor of C C^T + eps I
     refine: bool = eqx.field(static=True)
 
     def __init__(
@@ -270,21 +300,13 @@ class PseudoInverse(eqx.Module):
         eps = jax.lax.stop_gradient(
             rtol**2 * jnp.sum(C**2) + jnp.asarray(damping, C.dtype) + tiny
         )
-        G = gram(C) + eps * jnp.eye(k, dtype=C.dtype)
-        self.chol = cholesky(G)
-
-    def _gram_solve(self, r):
-        return cho_solve(self.chol, r)
+        self.chol = cholesky(gram(C) + eps * jnp.eye(k, dtype=C.dtype))
 
     def multipliers(self, r: Float[Array, " k"]) -> Float[Array, " k"]:
         r"""$\lambda \approx (CC^T)^+ r$ such that $C^+ r = C^T \lambda$."""
         if self.C.shape[0] == 0:
             return r
-        lam = self._gram_solve(r)
-        if not self.refine:  # plain Tikhonov: (CC^T + eps I)^-1 r
-            return lam
-        # One step of iterative refinement against the undamped Gram matrix.
-        return lam + self._gram_solve(r - matvec(self.C, matvec(self.C.T, lam)))
+        return _damped_solve(self.C, self.chol, r, self.refine)
 
     def solve(self, r: Float[Array, " k"]) -> Float[Array, " n"]:
         r"""$C^+ r$: the minimum-norm least-squares solution of $Cx = r$."""
@@ -295,3 +317,39 @@ class PseudoInverse(eqx.Module):
     def null_project(self, x: Float[Array, " n"]) -> Float[Array, " n"]:
         r"""$N x = (I - C^+C)x$: the component of `x` tangent to the constraints."""
         return x - self.solve(matvec(self.C, x))
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(3,))
+def _damped_solve(C, chol, r, refine: bool):
+    r"""$(CC^T + \epsilon I)^{-1}r$ from its factor `chol`, with one step of iterative
+    refinement against $CC^T$ when `refine`. Differentiated in `C` and `r` with
+    $\epsilon$ fixed (the tangent of `chol`, a function of `C`, is not read)."""
+    lam = cho_solve(chol, r)
+    if refine:  # the residual through C, not a formed C C^T: more accurate near rank loss
+        lam = lam + cho_solve(chol, r - _gram_times(C, lam))
+    return lam
+
+
+def _gram_times(C, x):
+    """`C C^T x`."""
+    return matvec(C, matvec(C.T, x))
+
+
+@functools.partial(_damped_solve.defjvp, symbolic_zeros=True)
+def _damped_solve_jvp(refine, primals, tangents):
+    (C, chol, r), (dC, _, dr) = primals, tangents
+    if isinstance(dr, SymbolicZero):
+        dr = jnp.zeros_like(r)
+
+    def minus_dG(x, lam):  # x - dG lam with dG = dC C^T + C dC^T
+        if isinstance(dC, SymbolicZero):
+            return x
+        return x - matvec(dC, matvec(C.T, lam)) - matvec(C, matvec(dC.T, lam))
+
+    lam0 = cho_solve(chol, r)
+    dlam0 = cho_solve(chol, minus_dG(dr, lam0))
+    if not refine:
+        return lam0, dlam0
+    lam = lam0 + cho_solve(chol, r - _gram_times(C, lam0))
+    # d(lam0 + (G + eps I)^-1 (r - G lam0)) = dlam0 + (G + eps I)^-1 (dr - dG lam - G dlam0)
+    return lam, dlam0 + cho_solve(chol, minus_dG(dr, lam) - _gram_times(C, dlam0))
