@@ -347,9 +347,9 @@ def _spd(rng, n):
     return B @ B.T + 0.5 * np.eye(n)
 
 
-def test_mass_factor_against_explicit_inverses():
+@pytest.mark.parametrize("n", [5, 13])  # products with the inverse factor; substitutions
+def test_mass_factor_against_explicit_inverses(n):
     rng = np.random.default_rng(11)
-    n = 5
     M = _spd(rng, n)
     A = rng.standard_normal((3, n))
     x = rng.standard_normal(n)
@@ -375,6 +375,48 @@ def test_mass_factor_against_explicit_inverses():
                                Minv @ x, rtol=1e-10)
     # No constraints: weight passes a (0, n) matrix through.
     assert mf.weight(jnp.zeros((0, n))).shape == (0, n)
+
+
+def _mass_factor_maps(M, A, x):
+    """Every map of MassFactor, in one pytree."""
+    mf = MassFactor(M)
+    return (mf.L, mf.weight(A), mf.unweight(x), mf.solve(x), mf.transpose_unweight(x),
+            mf.times_R_transpose(x))
+
+
+def _explicit_maps(M, A, x):
+    """The same through jnp.linalg (LAPACK factor, explicit inverses)."""
+    L = jnp.linalg.cholesky(M)
+    Linv = jnp.linalg.inv(L)
+    return (L, A @ Linv.T, Linv.T @ x, jnp.linalg.solve(M, x), Linv @ x, L @ x)
+
+
+@pytest.mark.parametrize("n", [5, 13])
+def test_mass_factor_derivatives_match_lapack(n):
+    """The factor-and-inverse kernel's derivative rule (dL = L Phi, d(L^-1) = -Phi
+    L^-1) against JAX's derivatives of LAPACK's factor and explicit inverses:
+    forward, reverse and second order."""
+    rng = np.random.default_rng(12)
+    M, dM = jnp.asarray(_spd(rng, n)), jnp.asarray(rng.standard_normal((n, n)))
+    dM = dM + dM.T  # a symmetric direction
+    A, dA = (jnp.asarray(x) for x in rng.standard_normal((2, 3, n)))
+    x, dx = (jnp.asarray(v) for v in rng.standard_normal((2, n)))
+    primals, tangents = (M, A, x), (dM, dA, dx)
+    ours = jax.jvp(_mass_factor_maps, primals, tangents)
+    ref = jax.jvp(_explicit_maps, primals, tangents)
+    for a, b in zip(jax.tree.leaves(ours), jax.tree.leaves(ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+    w = [jnp.asarray(rng.standard_normal(np.shape(v))) for v in ref[0]]
+
+    def loss(maps):
+        return lambda M: sum(jnp.sum(wi * v) for wi, v in zip(w, maps(M + M.T, A, x)))
+
+    np.testing.assert_allclose(jax.grad(loss(_mass_factor_maps))(M),
+                               jax.grad(loss(_explicit_maps))(M), rtol=1e-10,
+                               atol=1e-12)
+    np.testing.assert_allclose(
+        jax.jvp(jax.grad(loss(_mass_factor_maps)), (M,), (dM,))[1],
+        jax.jvp(jax.grad(loss(_explicit_maps)), (M,), (dM,))[1], rtol=1e-9, atol=1e-11)
 
 
 @pytest.mark.parametrize(

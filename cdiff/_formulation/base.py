@@ -118,13 +118,13 @@ def applied_forces(context: Context, t, q, v) -> Float[Array, " nq"]:
 def mass_factor(model: AbstractModel, t, q) -> MassFactor:
     """Cholesky factor of the mass matrix, with a run-time positive-definiteness check."""
     mf = MassFactor(model.mass_matrix(t, q))
-    L = eqx.error_if(
-        mf.L,
+    factors = eqx.error_if(
+        (mf.L, mf.Linv),
         ~mf.ok,
         f"cdiff: {type(model).__name__}.mass_matrix(t, q) is not symmetric positive "
         "definite (its Cholesky factorisation failed) at a state reached by the solver.",
     )
-    return eqx.tree_at(lambda m: m.L, mf, L)
+    return eqx.tree_at(lambda m: (m.L, m.Linv), mf, factors, is_leaf=lambda x: x is None)
 
 
 def free_motion(context: Context, t, q, v):
