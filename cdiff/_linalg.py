@@ -162,15 +162,18 @@ def _cholesky(A):
 @_cholesky.defjvp
 def _cholesky_jvp(primals, tangents):
     (A,), (dA,) = primals, tangents
-    L = _cholesky(A)
+    L, Linv = _factor_and_inverse_jit(A)
+    return L, _matmul(L, _factor_tangent(Linv, dA))
+
+
+def _factor_tangent(Linv, dA):
+    r"""$\Phi(L^{-1}\,dA\,L^{-T})$, with which $dL = L\Phi$ and $d(L^{-1}) = -\Phi
+    L^{-1}$; through the inverse factor and products (two chained substitutions
+    would be fused into one loop that recomputes the first for every entry of the
+    second)."""
     dA = jnp.tril(dA) + jnp.tril(dA, -1).T  # the lower triangle is what is read
-    # L^-1 dA L^-T through the inverse factor and products: two chained
-    # substitutions would be fused into one loop that recomputes the first for
-    # every entry of the second.
-    Linv = solve_triangular(L, jnp.eye(L.shape[-1], dtype=L.dtype))
     X = _matmul(_matmul(Linv, dA), Linv.T)
-    phi = jnp.tril(X) - 0.5 * jnp.diag(jnp.diag(X))
-    return L, _matmul(L, phi)
+    return jnp.tril(X) - 0.5 * jnp.diag(jnp.diag(X))
 
 
 @jax.custom_jvp
@@ -181,12 +184,9 @@ def _factor_and_inverse(A):
 
 @_factor_and_inverse.defjvp
 def _factor_and_inverse_jvp(primals, tangents):
-    # dL = L Phi(X) with X = L^-1 dA L^-T, and d(L^-1) = -L^-1 dL L^-1 = -Phi(X) L^-1.
     (A,), (dA,) = primals, tangents
-    L, Linv = _factor_and_inverse(A)
-    dA = jnp.tril(dA) + jnp.tril(dA, -1).T  # the lower triangle is what is read
-    X = _matmul(_matmul(Linv, dA), Linv.T)
-    phi = jnp.tril(X) - 0.5 * jnp.diag(jnp.diag(X))
+    L, Linv = _factor_and_inverse_jit(A)
+    phi = _factor_tangent(Linv, dA)
     return (L, Linv), (_matmul(L, phi), -_matmul(phi, Linv))
 
 
