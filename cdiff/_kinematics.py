@@ -3,14 +3,19 @@ r"""Constraint kinematics by automatic differentiation.
 A model writes residuals only; everything a formulation needs at velocity and
 acceleration level is derived here with `jax.jvp` / `jax.jacfwd`:
 
-* holonomic $\Phi_q(t, q)$: $A_q = \partial\Phi_q/\partial q$,
+* holonomic $\Phi_q(t, q)$: $A_q = (\partial\Phi_q/\partial q)\,T(q)$,
   $b_q = -\partial\Phi_q/\partial t$, $\dot\Phi_q = A_q v - b_q$ and
-  $b_{qv} = -\tfrac{d^2}{ds^2}\Phi_q(t + s, q + s v)|_{s=0}$
-  (so that $A_q\ddot q = b_{qv}$ is $\ddot\Phi_q = 0$);
+  $b_{qv} = -\tfrac{d^2}{ds^2}\Phi_q(t + s, q(s))|_{s=0}$ along the flow
+  $q'(s) = T(q(s))\,v$ at constant $v$ (so that $A_q\dot v = b_{qv}$ is
+  $\ddot\Phi_q = 0$);
 * nonholonomic $\Phi_v(t, q, v)$: $A_{vv} = \partial\Phi_v/\partial v$,
-  $b_{vv} = -(\partial\Phi_v/\partial q)\,v - \partial\Phi_v/\partial t$;
+  $b_{vv} = -(\partial\Phi_v/\partial q)\,\dot q - \partial\Phi_v/\partial t$;
 * energy $E(t, q, v)$: $A_e = \partial E/\partial v$,
-  $b_e = -\partial E/\partial t - (\partial E/\partial q)\,v$.
+  $b_e = -\partial E/\partial t - (\partial E/\partial q)\,\dot q$,
+
+with $\dot q = T(q)\,v$ the model's `position_rate` (the identity for most
+models: then $A_q = \partial\Phi_q/\partial q$). Every Jacobian is with respect to
+the velocities, shape `(rows, nv)`.
 
 Notation follows Braun & Goldfarb (2012), eqs. 4-5 and 19.
 """
@@ -35,10 +40,10 @@ class Kinematics(eqx.Module):
 
     phi_q: Float[Array, " m"]
     dphi_q: Float[Array, " m"]
-    A_q: Float[Array, "m nq"]
+    A_q: Float[Array, "m nv"]
     b_q: Float[Array, " m"]
     phi_v: Float[Array, " p"]
-    A_v: Float[Array, "k nq"]
+    A_v: Float[Array, "k nv"]
     b_v: Float[Array, " k"]
 
     @property
@@ -67,6 +72,25 @@ def jacobian(f, x):
     return y, rows
 
 
+def velocity_size(model: AbstractModel, q) -> int:
+    """The number of velocities `nv` of `model` at `q` (the size of its mass
+    matrix; no computation)."""
+    t = jnp.zeros((), q.dtype)
+    return jax.eval_shape(model.mass_matrix, t, q).shape[0]
+
+
+def holonomic_jacobian(model: AbstractModel, t, q):
+    r"""$\Phi_q(t, q)$ and its velocity Jacobian $A_q = (\partial\Phi_q/\partial
+    q)\,T(q)$, shape `(m, nv)`."""
+    t = jnp.asarray(t, dtype=q.dtype)
+    phi, rows = jacobian(lambda q: model.holonomic(t, q), q)
+    # Rows times T(q): the transpose of position_rate applied to each row (free
+    # for the identity map).
+    zero = jnp.zeros(velocity_size(model, q), q.dtype)
+    _, rate_transpose = jax.vjp(lambda w: model.position_rate(t, q, w), zero)
+    return phi, jax.vmap(lambda r: rate_transpose(r)[0])(rows)
+
+
 def kinematics(model: AbstractModel, t, q, v) -> Kinematics:
     """Evaluate the constraint kinematics of `model` at `(t, q, v)` by autodiff."""
     t = jnp.asarray(t, dtype=q.dtype)
@@ -74,17 +98,21 @@ def kinematics(model: AbstractModel, t, q, v) -> Kinematics:
     def hol(t, q):
         return model.holonomic(t, q)
 
-    def first(t, q):
-        return jax.jvp(hol, (t, q), (_unit(t), v))
+    def rate(t, q):
+        return model.position_rate(t, q, v)
 
-    (phi_q, dphi_q), (_, ddphi0) = jax.jvp(first, (t, q), (_unit(t), v))
-    _, A_q = jacobian(lambda q: hol(t, q), q)
+    def first(t, q):
+        return jax.jvp(hol, (t, q), (_unit(t), rate(t, q)))
+
+    qdot = rate(t, q)
+    (phi_q, dphi_q), (_, ddphi0) = jax.jvp(first, (t, q), (_unit(t), qdot))
+    _, A_q = holonomic_jacobian(model, t, q)
     b_q = A_q @ v - dphi_q
 
     def non(t, q, v):
         return model.nonholonomic(t, q, v)
 
-    phi_v, dphi_v0 = jax.jvp(non, (t, q, v), (_unit(t), v, jnp.zeros_like(v)))
+    phi_v, dphi_v0 = jax.jvp(non, (t, q, v), (_unit(t), qdot, jnp.zeros_like(v)))
     _, A_vv = jacobian(lambda v: non(t, q, v), v)
     A_v = jnp.concatenate([A_q, A_vv])
     b_v = jnp.concatenate([-ddphi0, -dphi_v0])
@@ -95,14 +123,11 @@ def residuals(model: AbstractModel, t, q, v):
     r"""$\Phi_q$ and the velocity-level residual $[\dot\Phi_q; \Phi_v]$ at
     `(t, q, v)`, without the Jacobians and second derivatives of [`kinematics`][]."""
     t = jnp.asarray(t, dtype=q.dtype)
-    phi_q, dphi_q = jax.jvp(lambda t, q: model.holonomic(t, q), (t, q), (_unit(t), v))
+    qdot = model.position_rate(t, q, v)
+    phi_q, dphi_q = jax.jvp(
+        lambda t, q: model.holonomic(t, q), (t, q), (_unit(t), qdot)
+    )
     return phi_q, jnp.concatenate([dphi_q, model.nonholonomic(t, q, v)])
-
-
-def holonomic_jacobian(model: AbstractModel, t, q):
-    r"""$\Phi_q(t, q)$ and $A_q = \partial\Phi_q/\partial q$."""
-    t = jnp.asarray(t, dtype=q.dtype)
-    return jacobian(lambda q: model.holonomic(t, q), q)
 
 
 def velocity_constraints(model: AbstractModel, t, q, v):
@@ -116,20 +141,21 @@ class EnergyLaw(eqx.Module):
     r"""The energy law as an acceleration-level row: $A_e\ddot q = b_e$ (eq. 19)."""
 
     energy: Float[Array, ""]
-    A_e: Float[Array, " nq"]
+    A_e: Float[Array, " nv"]
     b_e: Float[Array, ""]
 
 
 def energy_law(model: AbstractModel, t, q, v, qdot=None) -> EnergyLaw:
     r"""Energy, its velocity gradient and its acceleration-free rate, by autodiff.
 
-    `qdot` is the coordinate rate used in $b_e = -\partial E/\partial t -
-    (\partial E/\partial q)\,\dot q$; it defaults to `v`. Braun-Goldfarb's
-    corrected first-order form has $\dot q \neq v$ (eq. 16), and the energy law
-    must see the rate at which $q$ actually changes.
+    `qdot` is the velocity at which the coordinates move, $\dot q = T(q)\,$`qdot`
+    in $b_e = -\partial E/\partial t - (\partial E/\partial q)\,\dot q$; it
+    defaults to `v`. Braun-Goldfarb's corrected first-order form has
+    $\dot q \neq T(q)v$ (eq. 16), and the energy law must see the rate at which $q$
+    actually changes.
     """
     t = jnp.asarray(t, dtype=q.dtype)
-    qdot = v if qdot is None else qdot
+    qdot = model.position_rate(t, q, v if qdot is None else qdot)
 
     def energy(t, q, v):
         return model.energy(t, q, v)

@@ -12,7 +12,8 @@ import numpy as np
 
 
 class AbstractModel(eqx.Module):
-    r"""A mechanical system $M(t, q)\,\ddot q = Q(t, q, \dot q) + E(t, q)\,u + Q_c$.
+    r"""A mechanical system $M(t, q)\,\dot v = Q(t, q, v) + E(t, q)\,u + Q_c$ with
+    $\dot q = T(q)\,v$.
 
     Subclass it, declare the physical parameters as fields and implement
     [`cdiff.AbstractModel.mass_matrix`][] (and usually `forces` and `holonomic`).
@@ -26,16 +27,24 @@ class AbstractModel(eqx.Module):
 
     **Methods to implement:**
 
-    - `mass_matrix(t, q)`: symmetric positive definite, shape `(nq, nq)`.
+    - `mass_matrix(t, q)`: symmetric positive definite, shape `(nv, nv)`.
     - `forces(t, q, v)`: generalized applied and velocity-dependent forces $Q$
-      (gravity, springs, Coriolis/centrifugal terms), shape `(nq,)`. Default: zero.
+      (gravity, springs, Coriolis/centrifugal terms), shape `(nv,)`. Default: zero.
     - `holonomic(t, q)`: holonomic residuals $\Phi_q$, shape `(m,)`. Default: none.
     - `nonholonomic(t, q, v)`: nonholonomic residuals $\Phi_v$, shape `(p,)`; any
       smooth function of `v`, Pfaffian or not. Default: none.
     - `energy(t, q, v)`: the total mechanical energy, a scalar. Optional; needed for
       the energy correction of [`cdiff.UdwadiaKalaba`][] and for energy diagnostics.
-    - `input_matrix(t, q)`: $E$, shape `(nq, nu)`, mapping control inputs to
+    - `input_matrix(t, q)`: $E$, shape `(nv, nu)`, mapping control inputs to
       generalized forces. Default: the identity.
+
+    **Coordinates and velocities.** Usually $v = \dot q$ and `nv = nq`. A model whose
+    coordinates include unit quaternions (MuJoCo's ball and free joints) has
+    `nv < nq` velocities (angular velocities) and overrides the kinematic map
+    `position_rate(t, q, v)` $= T(q)v$ and its exact integral
+    `integrate_position(q, dv)`; everything velocity-level (mass matrix, forces,
+    constraint Jacobians, multipliers) then lives in the `nv` velocity coordinates.
+    The defaults ($T = I$) cost nothing.
     """
 
     @abc.abstractmethod
@@ -43,9 +52,9 @@ class AbstractModel(eqx.Module):
         """The mass matrix $M(t, q)$, shape `(nq, nq)`."""
 
     def forces(self, t, q, v):
-        """Generalized forces $Q(t, q, v)$, shape `(nq,)`. Default: zero."""
-        del t, v
-        return jnp.zeros_like(q)
+        """Generalized forces $Q(t, q, v)$, shape `(nv,)`. Default: zero."""
+        del t, q
+        return jnp.zeros_like(v)
 
     def holonomic(self, t, q):
         r"""Holonomic residuals $\Phi_q(t, q)$, shape `(m,)`. Default: none."""
@@ -64,9 +73,26 @@ class AbstractModel(eqx.Module):
         )
 
     def input_matrix(self, t, q):
-        """Input matrix $E(t, q)$, shape `(nq, nu)`. Default: the identity."""
-        del t
-        return jnp.eye(q.shape[0], dtype=q.dtype)
+        """Input matrix $E(t, q)$, shape `(nv, nu)`. Default: the identity."""
+        nv = jax.eval_shape(self.mass_matrix, t, q).shape[0]
+        return jnp.eye(nv, dtype=q.dtype)
+
+    def position_rate(self, t, q, v):
+        r"""The coordinate rate $\dot q = T(q)\,v$, shape `(nq,)`, linear in `v`.
+        Default: `v` ($T = I$).
+
+        Override it together with `integrate_position` when the coordinates are not
+        the integrals of the velocities (quaternions: $\dot q = \tfrac12 q\otimes
+        (0, \omega)$)."""
+        del t, q
+        return v
+
+    def integrate_position(self, q, dv):
+        r"""The configuration reached from `q` by the velocity-space displacement
+        `dv` (shape `(nv,)`) in unit time: the exact flow of $\dot q = T(q)\,dv$
+        (for quaternions the exponential map, as MuJoCo's `mj_integratePos`). Used
+        by the position projections. Default: `q + dv`."""
+        return q + dv
 
 
 def has_energy(model: AbstractModel) -> bool:
@@ -97,9 +123,10 @@ def check_model(model: AbstractModel, t0, q0, v0) -> tuple[int, int, int]:
     v0 = jnp.asarray(v0)
     if q0.ndim != 1:
         raise ValueError(f"q0 must be 1-D, got shape {_shape_str(q0)}")
-    if v0.shape != q0.shape:
+    if v0.ndim != 1:
         raise ValueError(
-            f"v0 must have the shape of q0 {_shape_str(q0)}, got {_shape_str(v0)}"
+            f"v0 must be 1-D (q0 has shape {_shape_str(q0)}), got shape "
+            f"{_shape_str(v0)}"
         )
     if not jnp.issubdtype(q0.dtype, jnp.floating):
         raise ValueError(f"q0 must be a floating-point array, got dtype {q0.dtype}")
@@ -113,19 +140,37 @@ def check_model(model: AbstractModel, t0, q0, v0) -> tuple[int, int, int]:
             raise
         except Exception as e:  # noqa: BLE001 - re-raised with context
             raise ValueError(
-                f"{name}.{method} failed on q0 of shape {_shape_str(q0)}: {e}"
+                f"{name}.{method} failed on q0 of shape {_shape_str(q0)} and v0 of "
+                f"shape {_shape_str(v0)}: {e}"
             ) from e
 
     M = shape_of("mass_matrix", t0, q0)
-    if M.shape != (nq, nq):
+    if len(M.shape) != 2 or M.shape[0] != M.shape[1]:
         raise ValueError(
-            f"{name}.mass_matrix(t, q) returned shape {M.shape}; expected ({nq}, {nq}) "
-            f"for q0 of shape {_shape_str(q0)}"
+            f"{name}.mass_matrix(t, q) returned shape {M.shape}; expected a square "
+            f"(nv, nv) matrix, ({nq}, {nq}) for q0 of shape {_shape_str(q0)} and "
+            "v = dq/dt"
+        )
+    nv = M.shape[0]
+    if v0.shape != (nv,):
+        hint = (f"; with v = dq/dt the mass matrix must be ({nq}, {nq})"
+                if v0.shape == q0.shape else "")
+        raise ValueError(
+            f"v0 must have shape ({nv},) to match {name}.mass_matrix(t, q), which "
+            f"returned shape {M.shape} for q0 of shape {_shape_str(q0)}; got v0 of "
+            f"shape {_shape_str(v0)}{hint}"
+        )
+    qdot = shape_of("position_rate", t0, q0, v0)
+    if qdot.shape != (nq,):
+        raise ValueError(
+            f"{name}.position_rate(t, q, v) returned shape {qdot.shape}; expected "
+            f"({nq},), the shape of q0 (a model with nv = {nv} velocities and "
+            f"{nq} coordinates must override position_rate and integrate_position)"
         )
     Q = shape_of("forces", t0, q0, v0)
-    if Q.shape != (nq,):
+    if Q.shape != (nv,):
         raise ValueError(
-            f"{name}.forces(t, q, v) returned shape {Q.shape}; expected ({nq},)"
+            f"{name}.forces(t, q, v) returned shape {Q.shape}; expected ({nv},)"
         )
     hol = shape_of("holonomic", t0, q0)
     if hol.ndim != 1:
@@ -146,9 +191,9 @@ def check_model(model: AbstractModel, t0, q0, v0) -> tuple[int, int, int]:
                 f"{name}.energy(t, q, v) must return a scalar, got shape {E.shape}"
             )
     B = shape_of("input_matrix", t0, q0)
-    if B.ndim != 2 or B.shape[0] != nq:
+    if B.ndim != 2 or B.shape[0] != nv:
         raise ValueError(
-            f"{name}.input_matrix(t, q) returned shape {B.shape}; expected ({nq}, nu)"
+            f"{name}.input_matrix(t, q) returned shape {B.shape}; expected ({nv}, nu)"
         )
     _check_finite_if_concrete("q0", q0)
     _check_finite_if_concrete("v0", v0)

@@ -37,12 +37,12 @@ class Solution(eqx.Module):
     **Attributes:**
 
     - `ts`: saved times, shape `(T,)`.
-    - `q`, `v`: coordinates and velocities, shape `(T, nq)`.
+    - `q`, `v`: coordinates and velocities, shapes `(T, nq)` and `(T, nv)`.
     - `holonomic_residual`: $\Phi_q(t, q)$, shape `(T, m)`.
     - `velocity_residual`: $[\dot\Phi_q; \Phi_v]$, shape `(T, m + p)`.
     - `energy`: $E(t, q, v)$, shape `(T,)`, or `None` if the model defines no energy.
     - `constraint_force`: the generalized constraint force $Q_c$ the formulation
-      applies, shape `(T, nq)`, with $M\ddot q = Q + Eu + Q_c$: the multiplier force
+      applies, shape `(T, nv)`, with $M\ddot q = Q + Eu + Q_c$: the multiplier force
       $A_v^T\lambda$ for [`cdiff.Lagrange`][], the ideal force term of eq. 11 for
       [`cdiff.UdwadiaKalaba`][] (the nonideal energy-correction force is not
       included), eq. 32 for [`cdiff.Projection`][].
@@ -63,11 +63,11 @@ class Solution(eqx.Module):
 
     ts: Float[Array, " T"]
     q: Float[Array, "T nq"]
-    v: Float[Array, "T nq"]
+    v: Float[Array, "T nv"]
     holonomic_residual: Float[Array, "T m"]
     velocity_residual: Float[Array, "T k"]
     energy: Float[Array, " T"] | None
-    constraint_force: Float[Array, "T nq"]
+    constraint_force: Float[Array, "T nv"]
     multipliers: Float[Array, "T k"]
     state: Any
     result: Any
@@ -488,9 +488,19 @@ def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
         lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
     )
     # In chunks: one vmap over more than 8192 rows containing eqx.error_if's
-    # callback deadlocks XLA's CPU runtime (jaxlib 0.10.2, tests/test_simulate.py).
-    out = jax.lax.map(lambda a: one(*a), (jnp.where(valid, ts, 0.0), safe_ys),
-                      batch_size=_DIAGNOSTICS_CHUNK)
+    # callback deadlocks XLA's CPU runtime (jaxlib 0.10.2). lax.map's chunking
+    # fails on outputs of size zero (a model without holonomic rows), so those
+    # are made directly.
+    args = (jnp.where(valid, ts, 0.0), safe_ys)
+    shapes = jax.eval_shape(jax.vmap(lambda a: one(*a)), args)
+    empty = [s is not None and s.size == 0 for s in shapes]
+
+    def nonempty(a):
+        return tuple(None if e else x for x, e in zip(one(*a), empty))
+
+    out = jax.lax.map(nonempty, args, batch_size=_DIAGNOSTICS_CHUNK)
+    out = tuple(jnp.zeros(s.shape, s.dtype) if e else x
+                for x, s, e in zip(out, shapes, empty))
 
     def mask(x):
         if x is None:

@@ -121,3 +121,67 @@ class Exploding(cdiff.AbstractModel):
 
     def forces(self, t, q, v):
         return jnp.exp(self.rate * t) * jnp.ones_like(q)
+
+
+def quat_mul(a, b):
+    aw, av = a[0], a[1:]
+    bw, bv = b[0], b[1:]
+    return jnp.concatenate([(aw * bw - av @ bv)[None],
+                            aw * bv + bw * av + jnp.cross(av, bv)])
+
+
+def rotation(q):
+    w, x, y, z = q / jnp.linalg.norm(q)
+    return jnp.array([
+        [1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+        [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+        [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)],
+    ])
+
+
+def quat_exp(dv):
+    """exp of the rotation vector dv as a unit quaternion, smooth at dv = 0."""
+    theta2 = dv @ dv
+    safe = jnp.where(theta2 > 1e-12, theta2, 1.0)
+    theta = jnp.sqrt(safe)
+    sinc = jnp.where(theta2 > 1e-12, jnp.sin(theta / 2) / theta, 0.5 - theta2 / 48)
+    cos = jnp.where(theta2 > 1e-12, jnp.cos(theta / 2), 1 - theta2 / 8)
+    return jnp.concatenate([cos[None], sinc * dv])
+
+
+class Body(cdiff.AbstractModel):
+    """A rigid body on a ball joint at the origin: q = quaternion (w, x, y, z) of its
+    orientation, v = its angular velocity in the body frame. Inertia about the pivot
+    `inertia` (principal, body axes), mass `m` with its centre at `c` (body
+    frame), gravity along -z. With `hinge=True` two holonomic rows keep the body's
+    y-axis on the world y-axis: a compound pendulum about y."""
+
+    inertia: jnp.ndarray
+    c: jnp.ndarray
+    m: float = 1.0
+    g: float = 9.81
+    hinge: bool = False
+
+    def mass_matrix(self, t, q):
+        return jnp.diag(self.inertia).astype(q.dtype)
+
+    def forces(self, t, q, v):
+        Iw = self.inertia * v
+        gravity_body = rotation(q).T @ jnp.array([0.0, 0.0, -self.m * self.g])
+        return -jnp.cross(v, Iw) + jnp.cross(self.c, gravity_body)
+
+    def holonomic(self, t, q):
+        if not self.hinge:
+            return jnp.zeros((0,), q.dtype)
+        y_axis = rotation(q)[:, 1]
+        return jnp.stack([y_axis[0], y_axis[2]])
+
+    def energy(self, t, q, v):
+        potential = self.m * self.g * (rotation(q) @ self.c)[2]
+        return 0.5 * v @ (self.inertia * v) + potential
+
+    def position_rate(self, t, q, v):
+        return 0.5 * quat_mul(q, jnp.concatenate([jnp.zeros(1, v.dtype), v]))
+
+    def integrate_position(self, q, dv):
+        return quat_mul(q, quat_exp(dv))

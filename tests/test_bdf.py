@@ -147,6 +147,34 @@ def test_dae_formulations_on_the_pendulum(pendulum, formulation):
     np.testing.assert_allclose(sol.constraint_force, -tension[:, None] * q, atol=1e-6)
 
 
+class RedundantPendulum(cdiff.models.ParticleOnCircle):
+    """R1 with its circle written twice (a redundant row everywhere) and a row
+    that is identically zero, as the out-of-plane row of a planar MJCF loop."""
+
+    def holonomic(self, t, q):
+        (phi,) = super().holonomic(t, q)
+        return jnp.stack([phi, 0.0 * q[0], 2.0 * phi])
+
+
+@pytest.mark.parametrize("formulation", [cdiff.GGL(), cdiff.IndexOne()],
+                         ids=["ggl", "index-one"])
+def test_dae_keeps_independent_rows_of_redundant_constraints(pendulum, formulation):
+    # Before, BDF stopped at t = 0 with "singular configuration".
+    _, q0, v0, ts, ref = pendulum
+    model = RedundantPendulum(g=9.81)
+    with pytest.warns(UserWarning, match=r"rows \[0, 1\] .*rows \[1\] with a zero"):
+        sol = cdiff.simulate(model, formulation, q0, v0, t1=2.0, dt=1e-4,
+                             solver=cdiff.BDF(1e-9, 1e-9), saveat=cdiff.SaveAt(ts=ts))
+    assert sol.succeeded, sol.message
+    err = float(np.abs(np.asarray(sol.q) - np.asarray(ref.q)).max())
+    assert err < 1e-7, err  # as the non-redundant pendulum above
+    assert sol.holonomic_residual.shape == (ts.shape[0], 3)  # every row reported
+    assert sol.multipliers.shape == (ts.shape[0], 3)
+    q, v = np.asarray(sol.q), np.asarray(sol.v)
+    tension = (v**2).sum(1) - 9.81 * q[:, 1]
+    np.testing.assert_allclose(sol.constraint_force, -tension[:, None] * q, atol=1e-6)
+
+
 def test_ggl_with_nonholonomic_constraint():
     model = Skate()
     q0 = jnp.zeros(3)

@@ -106,7 +106,7 @@ def test_gamma_is_eq_39_for_the_transported_basis():
     _, qdot, gamma, _, _, pinv = f._terms(0.0, q, nu, R, context)
 
     def A_of(q):
-        return f._constraint(model, 0.0, q)[0]
+        return f._constraint(model, 0.0, q, q.shape[0])[0]
 
     A = A_of(q)
     adot_minus_Adot_qdot = -jax.jvp(A_of, (q,), (qdot,))[1] @ qdot  # a = 0 here

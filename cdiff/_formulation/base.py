@@ -32,7 +32,7 @@ class Dynamics(eqx.Module):
     r"""What a formulation computes at one state.
 
     - `rate`: the time derivative of the state `y = (q, v)`.
-    - `force`: the (ideal) generalized constraint force $Q_c$, shape `(nq,)`, in
+    - `force`: the (ideal) generalized constraint force $Q_c$, shape `(nv,)`, in
       cdiff's sign convention $M\ddot q = Q + Eu + Q_c$.
     - `multipliers`: $\lambda$ with $Q_c = A_v^T\lambda$, one per row of
       $A_v = [A_q; \partial\Phi_v/\partial v]$. Unique only when $A_v$ has full row
@@ -40,7 +40,7 @@ class Dynamics(eqx.Module):
     """
 
     rate: PyTree
-    force: Float[Array, " nq"]
+    force: Float[Array, " nv"]
     multipliers: Float[Array, " k"]
 
 
@@ -105,7 +105,7 @@ class AbstractFormulation(eqx.Module):
         return y
 
 
-def applied_forces(context: Context, t, q, v) -> Float[Array, " nq"]:
+def applied_forces(context: Context, t, q, v) -> Float[Array, " nv"]:
     """$Q(t, q, v) + E(t, q)u$, with `u = control(t, q, v)` when a controller is set."""
     model = context.model
     f = model.forces(t, q, v)
@@ -140,7 +140,7 @@ def free_motion(context: Context, t, q, v):
 
 def constrained_acceleration(
     mf: MassFactor, A_v, r_v, rtol=None, pinv: PseudoInverse | None = None
-) -> tuple[Float[Array, " nq"], Float[Array, " k"], PseudoInverse]:
+) -> tuple[Float[Array, " nv"], Float[Array, " k"], PseudoInverse]:
     r"""The mass-weighted minimum-norm correction $R^{-1}C^+ r$ of the unconstrained
     acceleration, with $C = A_v R^{-1}$ (Braun-Goldfarb eq. 13; for full-rank
     $A_v$ the same as the Schur-complement solution of the KKT system).

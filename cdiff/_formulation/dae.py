@@ -2,8 +2,9 @@ r"""The DAE approach (Costa-Castello, Grino & Basanez 1998, §3.2): the equation
 motion and the constraints posed together as a semi-explicit DAE
 $F(t, x, \dot x) = 0$ and integrated by [`cdiff.BDF`][].
 
-The state $x$ is one flat vector: the coordinates $q$ and velocities $v$ (the
-*differential* variables) followed by the formulation's *algebraic* variables
+The state $x$ is one flat vector: the coordinates $q$ (`nq`) and velocities $v$
+(`nv`; $\dot q = T(q)v$ with the model's `position_rate`) (the *differential*
+variables) followed by the formulation's *algebraic* variables
 (multipliers, accelerations). cdiff's sign convention holds: the constraint force is
 $Q_c = A_v^T\lambda$ with $A_v = [G; \partial\Phi_v/\partial v]$, $G$ the
 holonomic Jacobian (the paper's $G = \partial g/\partial y$).
@@ -13,16 +14,50 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import warnings
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
+import scipy.linalg
 
 from .._kinematics import kinematics, velocity_constraints
+from .._linalg import default_rtol
 from .._model import AbstractModel
 from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
 from .lagrange import Lagrange
+
+
+def _is_concrete(*xs) -> bool:
+    leaves = jax.tree.leaves(eqx.filter(xs, eqx.is_array))
+    return not any(isinstance(x, jax.core.Tracer) for x in leaves)
+
+
+def _independent_rows(model, t0, q0, v0, m: int, name: str):
+    """`(kept velocity rows, kept holonomic rows)` of an independent set of rows of
+    $A_v$ at the initial state, or None when all rows are independent."""
+    _, A = velocity_constraints(model, t0, q0, v0)
+    A = np.asarray(A)
+    sv = np.linalg.svd(A, compute_uv=False)
+    k = A.shape[0]
+    rank = int(np.sum(sv > default_rtol(A.dtype) * sv.max(initial=0.0)))
+    if rank == k:
+        return None
+    _, _, pivots = scipy.linalg.qr(A.T, mode="economic", pivoting=True)
+    kept = tuple(sorted(int(i) for i in pivots[:rank]))
+    dropped = sorted(set(range(k)) - set(kept))
+    zero = [i for i in dropped if not np.any(np.abs(A[i]) > 0)]
+    warnings.warn(
+        f"cdiff.{name}: constraint rows {dropped} (of {k}; rows below {m} are "
+        f"holonomic) depend on the others at the initial state (rank {rank})"
+        + (f", rows {zero} with a zero gradient" if zero else "")
+        + ": redundant constraints, or a start at a kinematic singularity. The DAE "
+        "keeps an independent set of rows; Solution.holonomic_residual still "
+        "reports every row.",
+        stacklevel=2,
+    )
+    return kept, tuple(i for i in kept if i < m)
 
 
 class AbstractDAEFormulation(AbstractFormulation):
@@ -50,11 +85,19 @@ class AbstractDAEFormulation(AbstractFormulation):
     sizes: tuple[int, int, int] | None = eqx.field(
         static=True, default=None, kw_only=True, repr=False
     )
+    coordinate_size: int | None = eqx.field(
+        static=True, default=None, kw_only=True, repr=False
+    )
+    # The independent constraint rows kept (velocity-level rows, holonomic rows),
+    # or None for all of them; see `bind`.
+    rows: tuple[tuple[int, ...], tuple[int, ...]] | None = eqx.field(
+        static=True, default=None, kw_only=True, repr=False
+    )
 
     @abc.abstractmethod
-    def algebraic_sizes(self, nq: int, m: int, k: int) -> tuple[int, ...]:
+    def algebraic_sizes(self, nv: int, m: int, k: int) -> tuple[int, ...]:
         """Sizes of the algebraic blocks after `(q, v)`, from the numbers of
-        coordinates `nq`, holonomic rows `m` and velocity-level rows `k`."""
+        velocities `nv`, holonomic rows `m` and velocity-level rows `k`."""
 
     @abc.abstractmethod
     def residual(self, t, x, xdot, context: Context):
@@ -68,10 +111,35 @@ class AbstractDAEFormulation(AbstractFormulation):
     # -- layout ---------------------------------------------------------------
 
     def bind(self, model: AbstractModel, t0, q0, v0) -> AbstractDAEFormulation:
+        """Size the state from the model, and keep an independent set of constraint
+        rows.
+
+        Redundant constraint rows (an overconstrained mechanism, or the
+        identically-zero out-of-plane rows of a planar loop written in 3D) leave
+        the multipliers undetermined and the DAE's Newton matrix singular. Where
+        the initial state is concrete, the rows of $A_v$ that depend on the others
+        there (pivoted QR, rank threshold as the pseudoinverse's) are dropped
+        from the DAE, with a warning naming them; `Solution.holonomic_residual`
+        still reports every row. A rank deficiency that is not redundancy but a
+        start at a kinematic singularity is dropped the same way (and named)."""
         t0 = jnp.asarray(t0, q0.dtype)
         m = jax.eval_shape(model.holonomic, t0, q0).shape[0]
         p = jax.eval_shape(model.nonholonomic, t0, q0, v0).shape[0]
-        return dataclasses.replace(self, sizes=(q0.shape[0], m, m + p))
+        rows = self.rows
+        if rows is None and m + p and _is_concrete(model, t0, q0, v0):
+            rows = _independent_rows(model, t0, q0, v0, m, type(self).__name__)
+        k_kept = m + p if rows is None else len(rows[0])
+        m_kept = m if rows is None else len(rows[1])
+        return dataclasses.replace(
+            self, sizes=(v0.shape[0], m_kept, k_kept), coordinate_size=q0.shape[0],
+            rows=rows,
+        )
+
+    def _kept(self, x, holonomic: bool = False):
+        """The kept rows of a vector or matrix of constraint rows."""
+        if self.rows is None:
+            return x
+        return x[np.asarray(self.rows[1 if holonomic else 0], dtype=int)]
 
     def _blocks(self, x):
         if self.sizes is None:
@@ -79,16 +147,16 @@ class AbstractDAEFormulation(AbstractFormulation):
                 f"{type(self).__name__}: use it through cdiff.simulate(..., "
                 "solver=cdiff.BDF()), which sizes its state from the model."
             )
-        nq = self.sizes[0]
-        splits = np.cumsum((nq, nq) + self.algebraic_sizes(*self.sizes))[:-1]
-        return jnp.split(x, splits)
+        nq, nv = self.coordinate_size, self.sizes[0]
+        sizes = (nq, nv) + self.algebraic_sizes(*self.sizes)
+        return jnp.split(x, np.cumsum(sizes)[:-1])
 
     @property
     def algebraic(self) -> np.ndarray:
         """Static mask of the algebraic components of the state."""
-        nq = self.sizes[0]
+        n_diff = self.coordinate_size + self.sizes[0]
         n_alg = sum(self.algebraic_sizes(*self.sizes))
-        return np.concatenate([np.zeros(2 * nq, bool), np.ones(n_alg, bool)])
+        return np.concatenate([np.zeros(n_diff, bool), np.ones(n_alg, bool)])
 
     def coordinates(self, t, y, context: Context):
         q, v, *_ = self._blocks(y)
@@ -114,10 +182,16 @@ class AbstractDAEFormulation(AbstractFormulation):
         q, v = NewtonProjection(iterations=4, mass_weighted=True)(context.model, t, q, v)
         dyn = Lagrange().dynamics(t, (q, v), context, None)
         a = dyn.rate[1]
-        blocks = self.algebraic_values(t, q, v, a, dyn.multipliers, context)
+        lam = dyn.multipliers
+        if self.rows is not None:  # the same force on the kept (independent) rows
+            _, A_v = velocity_constraints(context.model, t, q, v)
+            A = self._kept(A_v)
+            lam = jnp.linalg.solve(A @ A.T, A @ dyn.force)
+        blocks = self.algebraic_values(t, q, v, a, lam, context)
         x = jnp.concatenate((q, v) + tuple(blocks))
-        zeros = jnp.zeros(x.shape[0] - 2 * q.shape[0], x.dtype)
-        return x, jnp.concatenate([v, a, zeros])
+        zeros = jnp.zeros(x.shape[0] - q.shape[0] - v.shape[0], x.dtype)
+        qdot = context.model.position_rate(t, q, v)
+        return x, jnp.concatenate([qdot, a, zeros])
 
     # -- singular configurations -------------------------------------------------
 
@@ -125,7 +199,7 @@ class AbstractDAEFormulation(AbstractFormulation):
         """Extreme singular values of the mass-weighted constraint matrix
         $C = A_vR^{-1}$ ($CC^T = A_vM^{-1}A_v^T$, the reduction index matrix)."""
         _, A_v = velocity_constraints(context.model, t, q, v)
-        C = mass_factor(context.model, t, q).weight(A_v)
+        C = mass_factor(context.model, t, q).weight(self._kept(A_v))
         ev = jnp.linalg.eigvalsh(C @ C.T)
         return jnp.sqrt(jnp.maximum(ev[0], 0.0)), jnp.sqrt(jnp.maximum(ev[-1], 0.0))
 
@@ -160,6 +234,9 @@ class AbstractDAEFormulation(AbstractFormulation):
         q, v = self.coordinates(t, y, context)
         _, A_v = velocity_constraints(context.model, t, q, v)
         lam = self.multipliers(y)
+        if self.rows is not None:  # dropped rows get no multiplier
+            kept = np.asarray(self.rows[0])
+            lam = jnp.zeros(A_v.shape[0], lam.dtype).at[kept].set(lam)
         return Dynamics(None, A_v.T @ lam, lam)
 
     def vector_field(self, t, y, context, frozen):
@@ -176,7 +253,7 @@ class GGL(AbstractDAEFormulation):
     multiplier $\mu$ that projects $\dot q$, so neither drifts.
 
     - `variant="mass"` (eqs. 15-18), $x = [q, v, \lambda, \mu]$:
-      $$\dot q = v + G^T\mu,\quad \dot v = M^{-1}(Q + Eu + A_v^T\lambda),\quad
+      $$\dot q = T(q)(v + G^T\mu),\quad \dot v = M^{-1}(Q + Eu + A_v^T\lambda),\quad
         0 = \Phi_q(t, q),\quad 0 = [\dot\Phi_q; \Phi_v](t, q, v).$$
     - `variant="no_inverse"` (eqs. 19-23), $x = [q, v, w, \lambda, \mu]$: the
       acceleration $w$ becomes an algebraic variable, $\dot v = w$ with
@@ -206,10 +283,10 @@ class GGL(AbstractDAEFormulation):
                 f"(eqs. 19-23), got {self.variant!r}"
             )
 
-    def algebraic_sizes(self, nq, m, k):
+    def algebraic_sizes(self, nv, m, k):
         if self.variant == "mass":
             return (k, m)  # lambda, mu
-        return (nq, k, m)  # w, lambda, mu
+        return (nv, k, m)  # w, lambda, mu
 
     def algebraic_values(self, t, q, v, a, lam, context):
         m = self.sizes[1]
@@ -228,11 +305,13 @@ class GGL(AbstractDAEFormulation):
         qdot, vdot, *_ = self._blocks(xdot)
         # One Jacobian pass: the holonomic rows of A_v are G (= dPhi_q/dq).
         r_v, A_v = velocity_constraints(model, t, q, v)
+        r_v, A_v = self._kept(r_v), self._kept(A_v)
         m = self.sizes[1]
         phi = jnp.asarray(model.holonomic(jnp.asarray(t, q.dtype), q), q.dtype)
+        phi = self._kept(phi, holonomic=True)
         G = A_v[:m]
         f = applied_forces(context, t, q, v) + A_v.T @ lam
-        kinematic = qdot - v - G.T @ mu
+        kinematic = qdot - model.position_rate(t, q, v + G.T @ mu)
         if self.variant == "mass":
             dynamic = [vdot - mass_factor(model, t, q).solve(f)]
         else:
@@ -254,8 +333,8 @@ class IndexOne(AbstractDAEFormulation):
     to keep them).
     """
 
-    def algebraic_sizes(self, nq, m, k):
-        return (nq, k)  # w, lambda
+    def algebraic_sizes(self, nv, m, k):
+        return (nv, k)  # w, lambda
 
     def algebraic_values(self, t, q, v, a, lam, context):
         return (a, lam)
@@ -268,10 +347,11 @@ class IndexOne(AbstractDAEFormulation):
         q, v, w, lam = self._blocks(x)
         qdot, vdot, *_ = self._blocks(xdot)
         kin = kinematics(model, t, q, v)
-        f = applied_forces(context, t, q, v) + kin.A_v.T @ lam
+        A_v, b_v = self._kept(kin.A_v), self._kept(kin.b_v)
+        f = applied_forces(context, t, q, v) + A_v.T @ lam
         return jnp.concatenate([
-            qdot - v,
+            qdot - model.position_rate(t, q, v),
             vdot - w,
             model.mass_matrix(t, q) @ w - f,
-            kin.A_v @ w - kin.b_v,
+            A_v @ w - b_v,
         ])

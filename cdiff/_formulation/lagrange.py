@@ -77,4 +77,5 @@ class Lagrange(AbstractFormulation):
         r_v = kin.b_v - kin.A_v @ a - baumgarte
         y_v, lam, _ = constrained_acceleration(mf, kin.A_v, r_v, self.rtol)
         force = mf.times_R_transpose(y_v)  # = A_v^T lambda
-        return Dynamics((v, a + mf.unweight(y_v)), force, lam)
+        qdot = context.model.position_rate(t, q, v)
+        return Dynamics((qdot, a + mf.unweight(y_v)), force, lam)

@@ -27,16 +27,17 @@ class ControlAffine(eqx.Module):
     with $f_\nu = (S^TMS)^{-1}S^T(Q - M\gamma)$ and $g_\nu = (S^TMS)^{-1}S^TE$.
     This is what a [`cdiff.AbstractStateFeedback`][] controller receives.
 
-    **Fields:** `q`, `nu` (the state), `qdot` ($S\nu + \eta$), `S` (the null-space
-    basis, `(n, dof)`), `gamma` ($\dot S\nu + \dot\eta$), `drift` ($f_\nu$) and
+    **Fields:** `q`, `nu` (the state), `qdot` (the velocity $S\nu + \eta$; the
+    coordinates move at `model.position_rate(t, q, qdot)`), `S` (the null-space
+    basis, `(nv, dof)`), `gamma` ($\dot S\nu + \dot\eta$), `drift` ($f_\nu$) and
     `gain` ($g_\nu$, `(dof, p)` for `p` inputs).
     """
 
-    q: Float[Array, " n"]
+    q: Float[Array, " nq"]
     nu: Float[Array, " dof"]
-    qdot: Float[Array, " n"]
-    S: Float[Array, "n dof"]
-    gamma: Float[Array, " n"]
+    qdot: Float[Array, " nv"]
+    S: Float[Array, "nv dof"]
+    gamma: Float[Array, " nv"]
     drift: Float[Array, " dof"]
     gain: Float[Array, "dof p"]
 
@@ -135,9 +136,9 @@ class NullSpace(AbstractFormulation):
 
     # --- the velocity constraint A qdot = a (eq. 20) ------------------------------
 
-    def _constraint(self, model: AbstractModel, t, q):
-        """`A(t, q)` and `a(t, q)` of eq. 20."""
-        zero = jnp.zeros_like(q)
+    def _constraint(self, model: AbstractModel, t, q, nv: int):
+        """`A(t, q)` and `a(t, q)` of eq. 20 (`nv`: the number of velocities)."""
+        zero = jnp.zeros(nv, q.dtype)
         kin = kinematics(model, t, q, zero)
         # Holonomic rows: J qdot = b_q - alpha C (eq. 17, with -dC/dt for
         # time-dependent constraints). Nonholonomic rows (Pfaffian): B qdot = -Phi_v(0).
@@ -145,7 +146,7 @@ class NullSpace(AbstractFormulation):
         return kin.A_v, a
 
     def _basis(self, model, t, q, R):
-        A, a = self._constraint(model, t, q)
+        A, a = self._constraint(model, t, q, R.shape[0])
         pinv = PseudoInverse(A, self.rtol)
         S = jax.vmap(pinv.null_project, in_axes=1, out_axes=1)(R)
         return S, pinv.solve(a), pinv
@@ -159,7 +160,7 @@ class NullSpace(AbstractFormulation):
     def bind(self, model, t0, q0, v0):
         if self.dof is not None:
             return self
-        A, _ = self._constraint(model, jnp.asarray(t0, q0.dtype), q0)
+        A, _ = self._constraint(model, jnp.asarray(t0, q0.dtype), q0, v0.shape[0])
         if isinstance(A, jax.core.Tracer):
             raise ValueError(
                 "NullSpace: the initial configuration is traced (inside jax.jit, "
@@ -169,16 +170,16 @@ class NullSpace(AbstractFormulation):
         sv = np.linalg.svd(np.asarray(A), compute_uv=False)
         rtol = default_rtol(A.dtype) if self.rtol is None else self.rtol
         rank = int(np.sum(sv > rtol * sv.max(initial=0.0)))
-        return NullSpace(self.alpha, dof=q0.shape[0] - rank, rtol=self.rtol)
+        return NullSpace(self.alpha, dof=A.shape[1] - rank, rtol=self.rtol)
 
     def init_state(self, t0, q0, v0, context: Context):
-        n = q0.shape[0]
+        n = v0.shape[0]
         if self.dof is None or not 0 < self.dof <= n:
             raise ValueError(f"NullSpace: dof must be in 1..{n}, got {self.dof}")
         model = context.model
         # Eqs. 33-35: the first dof left singular vectors of H = I - A^+ A. Only the
         # basis depends on this choice, not the motion: no gradient through the SVD.
-        A, _ = self._constraint(model, t0, q0)
+        A, _ = self._constraint(model, t0, q0, n)
         U, _, _ = jnp.linalg.svd(projector(PseudoInverse(A, self.rtol)))
         R = jax.lax.stop_gradient(U[:, : self.dof])
         return q0, self._fit_nu(model, t0, q0, R, v0), R
@@ -221,11 +222,12 @@ class NullSpace(AbstractFormulation):
         S, eta, pinv = self._basis(model, t, q, R)
         qdot = S @ nu + eta
         t = jnp.asarray(t, q.dtype)
-        # gamma = d/dt (S(q) nu + eta(t, q)) at fixed nu: forward-mode autodiff.
+        # gamma = d/dt (S(q) nu + eta(t, q)) at fixed nu, along q' = T(q) qdot:
+        # forward-mode autodiff.
         _, gamma = jax.jvp(
             lambda t, q: self._admissible(model, t, q, nu, R),
             (t, q),
-            (jnp.ones_like(t), qdot),
+            (jnp.ones_like(t), model.position_rate(t, q, qdot)),
         )
         M = model.mass_matrix(t, q)
         mass_factor(model, t, q)  # positive-definiteness check
@@ -262,7 +264,8 @@ class NullSpace(AbstractFormulation):
         r"""The drift $f(x)$ of $\dot x = f(x) + g(x)u$ (eq. 28), without control,
         as `(qdot, nudot, zeros)` matching `x = (q, nu, R)`."""
         sys = self.control_affine(t, x, context)
-        return sys.qdot, sys.drift, jnp.zeros_like(x[2])
+        qdot = context.model.position_rate(t, x[0], sys.qdot)
+        return qdot, sys.drift, jnp.zeros_like(x[2])
 
     def g(self, t, x, context: Context):
         """The input matrix $g(x)$ of eq. 28, as `(zeros (nq, nu), (S^TMS)^{-1}S^TE,
@@ -279,17 +282,17 @@ class NullSpace(AbstractFormulation):
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen
         q, nu, R = y
+        model = context.model
         terms = self._terms(t, q, nu, R, context)
         S, qdot, gamma, M, chol, pinv = terms
         if isinstance(context.control, AbstractStateFeedback):
             # State feedback u(t, x) on eq. 28, from the terms computed above.
             sys = self._control_affine(t, q, nu, terms, context)
             u = jnp.asarray(context.control.feedback(t, sys), dtype=q.dtype)
-            model = context.model
             F = model.forces(t, q, qdot) + model.input_matrix(t, q) @ u
         else:
             F = applied_forces(context, t, q, qdot)
         nudot = cho_solve(chol, S.T @ (F - M @ gamma))
         force = M @ (S @ nudot + gamma) - F  # in the row space of A
-        rate = (qdot, nudot, jnp.zeros_like(R))
+        rate = (model.position_rate(t, q, qdot), nudot, jnp.zeros_like(R))
         return Dynamics(rate, force, pinv.multipliers(pinv.C @ force))

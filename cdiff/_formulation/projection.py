@@ -139,4 +139,5 @@ class Projection(AbstractFormulation):
         else:
             qdd = jnp.linalg.solve(Mc, P @ f + K @ qdd_perp)
         force = (M @ qdd - f) - P @ (M @ qdd - f)  # eq. 32
-        return Dynamics((v, qdd), force, pinv.multipliers(kin.A_v @ force))
+        qdot = model.position_rate(t, q, v)
+        return Dynamics((qdot, qdd), force, pinv.multipliers(kin.A_v @ force))

@@ -70,4 +70,5 @@ class Regularized(AbstractFormulation):
             2 / h * kin.phi_v,
         ])
         f = -PseudoInverse(phi, rtol=0.0, damping=self.eps, refine=False).solve(r)
-        return Dynamics((v, a + B @ f), kin.A_v.T @ f, f)
+        qdot = context.model.position_rate(t, q, v)
+        return Dynamics((qdot, a + B @ f), kin.A_v.T @ f, f)

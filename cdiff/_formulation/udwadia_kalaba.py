@@ -142,4 +142,5 @@ class UdwadiaKalaba(AbstractFormulation):
             r_ev = law.b_e - jnp.sum(law.A_e * a) - frozen.delta_e - jnp.sum(c_e * y_v)
             y_e = PseudoInverse(w[None], damping=frozen.damping_e).solve(r_ev[None])
             y_v = y_v + y_e
-        return Dynamics((dq, a + mf.unweight(y_v)), force, multipliers)
+        qdot = model.position_rate(t, q, dq)  # eq. 16's velocity, as a coordinate rate
+        return Dynamics((qdot, a + mf.unweight(y_v)), force, multipliers)

@@ -54,7 +54,12 @@ class AbstractProjection(eqx.Module):
         every Newton iteration (for coordinate partitioning: the same partition)."""
 
     def position(self, model: AbstractModel, t, q):
-        """`q` moved onto the holonomic constraints by `iterations` Newton steps."""
+        r"""`q` moved onto the holonomic constraints by `iterations` Newton steps.
+
+        Each step solves $A_q\delta = -\Phi_q$ for a velocity-space correction
+        $\delta$ ($A_q$ is the Jacobian with respect to the velocities) and moves
+        `q` by `model.integrate_position(q, delta)` ($q + \delta$ unless the
+        coordinates hold quaternions)."""
         phi, A = holonomic_jacobian(model, t, q)
         if phi.shape[0] == 0:
             return q
@@ -62,9 +67,9 @@ class AbstractProjection(eqx.Module):
 
         def newton(_, q):
             phi, A = holonomic_jacobian(model, t, q)
-            return q + solve(A, -phi)
+            return model.integrate_position(q, solve(A, -phi))
 
-        q = q + solve(A, -phi)
+        q = model.integrate_position(q, solve(A, -phi))
         return jax.lax.fori_loop(0, self.iterations - 1, newton, q)
 
     def velocity(self, model: AbstractModel, t, q, v):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float
 
-from .._kinematics import holonomic_jacobian, velocity_constraints
+from .._kinematics import holonomic_jacobian, velocity_constraints, velocity_size
 from .._linalg import default_rtol
 from .._model import AbstractModel
 
@@ -43,7 +43,7 @@ def constraint_rank(
     the largest, or below `atol`, count as zero (both default
     $10\sqrt{\varepsilon}$; `atol` finds a single vanishing row)."""
     q = jnp.asarray(q)
-    v = jnp.zeros_like(q) if v is None else v
+    v = jnp.zeros(velocity_size(model, q), q.dtype) if v is None else v
     _, A_v = velocity_constraints(model, t, q, v)
     atol = default_rtol(A_v.dtype) if atol is None else atol
     return rank(A_v, rtol, atol)
@@ -102,7 +102,7 @@ def differential_index(
     q = jnp.asarray(q)
     t = jnp.asarray(t, q.dtype)
     phi, G = holonomic_jacobian(model, t, q)
-    _, A_v = velocity_constraints(model, t, q, jnp.zeros_like(q))
+    _, A_v = velocity_constraints(model, t, q, jnp.zeros(G.shape[1], q.dtype))
     if A_v.shape[0] == 0:
         return 0
     # phi = C C^T with C = A L^{-T}: its rank is the rank of the weighted rows.

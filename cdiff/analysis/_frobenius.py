@@ -14,7 +14,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._kinematics import velocity_constraints
+from .._kinematics import velocity_constraints, velocity_size
 from .._linalg import PseudoInverse, default_rtol
 from .._model import AbstractModel
 from ._constraints import rank
@@ -65,17 +65,19 @@ def frobenius(model: AbstractModel, q, t=0.0, *, rtol=None) -> Involutivity:
     """
     q = jnp.asarray(q)
     t = jnp.asarray(t, q.dtype)
-    n = q.shape[0]
+    n = velocity_size(model, q)  # the dimension of the configuration space
     rtol = 1e3 * default_rtol(q.dtype) if rtol is None else rtol
 
     def rows(q):  # [G; B]: the velocity constraints' Jacobian in v (at v = 0)
-        return velocity_constraints(model, t, q, jnp.zeros_like(q))[1]
+        return velocity_constraints(model, t, q, jnp.zeros(n, q.dtype))[1]
 
     m = rows(q).shape[0]
 
     def field(i):
+        # The admissible velocity P e_i as a vector field on the coordinates.
         def f(q):
-            return PseudoInverse(rows(q)).null_project(jnp.eye(n, dtype=q.dtype)[i])
+            w = PseudoInverse(rows(q)).null_project(jnp.eye(n, dtype=q.dtype)[i])
+            return model.position_rate(t, q, w)
 
         return f
 

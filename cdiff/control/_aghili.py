@@ -41,7 +41,7 @@ import numpy as np
 from jaxtyping import Array, Float
 
 from .._formulation.projection import projector
-from .._kinematics import kinematics
+from .._kinematics import kinematics, velocity_size
 from .._linalg import MassFactor, PseudoInverse, default_rtol
 from .._model import AbstractModel
 
@@ -121,6 +121,12 @@ class _Terms(eqx.Module):
 
 
 def _terms(model: AbstractModel, t, q, v, rtol) -> _Terms:
+    if velocity_size(model, q) != q.shape[0]:
+        raise ValueError(
+            f"cdiff.control: {type(model).__name__} has {velocity_size(model, q)} "
+            f"velocities for {q.shape[0]} coordinates (quaternions); Aghili's "
+            "controllers track coordinates with v = dq/dt and do not support it."
+        )
     t = jnp.asarray(t, dtype=q.dtype)
     M = jnp.asarray(model.mass_matrix(t, q)).astype(q.dtype)
     Q = jnp.asarray(model.forces(t, q, v)).astype(q.dtype)
@@ -520,7 +526,7 @@ class PassiveJoints(AbstractController):
     def actuator_projector(self, t, q) -> Float[Array, "n n"]:
         r"""$B$: `diag(actuated)`, or $EE^+$ (the orthogonal projector onto the
         range of the input matrix)."""
-        n = q.shape[0]
+        n = velocity_size(self.model, q)
         if self.actuated is not None:
             mask = jnp.broadcast_to(jnp.asarray(self.actuated), (n,))
             return jnp.diag(mask.astype(q.dtype))
@@ -537,7 +543,7 @@ class PassiveJoints(AbstractController):
         r"""$f = (I + H)f_0$ (eq. 60), checked against eq. 55's residual."""
         f0, terms = self.controller._force_and_terms(t, q, v)
         P = projector(terms.pinv)
-        eye = jnp.eye(q.shape[0], dtype=q.dtype)
+        eye = jnp.eye(velocity_size(self.model, q), dtype=q.dtype)
         B = self.actuator_projector(t, q)
         Qm = (eye - B) @ (eye - P)  # = I - B - P + BP
         eta = -PseudoInverse(Qm, self.rtol).solve((eye - B) @ f0)  # eq. 57
@@ -564,11 +570,12 @@ class PassiveJoints(AbstractController):
         q = jnp.asarray(q)
         if not jnp.issubdtype(q.dtype, jnp.floating):
             q = q.astype(jnp.result_type(float))
-        v = jnp.zeros_like(q) if v is None else jnp.asarray(v, dtype=q.dtype)
+        nv = velocity_size(self.model, q)
+        v = jnp.zeros(nv, q.dtype) if v is None else jnp.asarray(v, dtype=q.dtype)
         t = jnp.asarray(t, dtype=q.dtype)
         A = np.asarray(kinematics(self.model, t, q, v).A_v)
         B = np.asarray(self.actuator_projector(t, q))
-        n = q.shape[0]
+        n = nv
         rtol = default_rtol(q.dtype) if self.rtol is None else self.rtol
         if A.shape[0]:
             _, s, vt = np.linalg.svd(A)
