@@ -152,13 +152,17 @@ def check_model(model: AbstractModel, t0, q0, v0) -> tuple[int, int, int]:
             "v = dq/dt"
         )
     nv = M.shape[0]
+    if v0.shape != (nv,) and v0.shape == q0.shape:
+        raise ValueError(
+            f"{name}.mass_matrix(t, q) returned shape {M.shape}; expected ({nq}, {nq}) "
+            f"for q0 and v0 of shape {_shape_str(q0)} (or v0 must have shape ({nv},), "
+            "for a model whose velocities are not dq/dt, such as quaternions)"
+        )
     if v0.shape != (nv,):
-        hint = (f"; with v = dq/dt the mass matrix must be ({nq}, {nq})"
-                if v0.shape == q0.shape else "")
         raise ValueError(
             f"v0 must have shape ({nv},) to match {name}.mass_matrix(t, q), which "
             f"returned shape {M.shape} for q0 of shape {_shape_str(q0)}; got v0 of "
-            f"shape {_shape_str(v0)}{hint}"
+            f"shape {_shape_str(v0)}"
         )
     qdot = shape_of("position_rate", t0, q0, v0)
     if qdot.shape != (nq,):

@@ -3,6 +3,8 @@
 ```
 cdiff list
 cdiff run slider-crank [--formulation udwadia-kalaba|lagrange|...] [--dt DT] [--t1 T] ...
+cdiff run iftomm-a02-n-four-bar            # a shipped MJCF mechanism
+cdiff run path/to/model.xml [--t1 T --dt DT]   # any MJCF or URDF file
 cdiff run planar-arm-on-curve --formulation ggl [--rtol R --atol A]
 cdiff study step-size slider-crank [--dts DT ...] [--t1 T] [--out DIR]
 cdiff study gains slider-crank [--formulation lagrange|null-space] [--alphas A ...]
@@ -10,7 +12,9 @@ cdiff study gains slider-crank [--formulation lagrange|null-space] [--alphas A .
 
 `cdiff run` simulates a reference model from its paper's initial state, compares it
 with the model's exact reference solution, prints a table of errors and timings and
-writes `DIR/MODEL.png` and `DIR/MODEL.npz`. User errors (unknown names, bad numbers)
+writes `DIR/MODEL.png` and `DIR/MODEL.npz`. A MuJoCo file (MJCF or URDF) runs from
+its first keyframe (or `qpos0`) projected onto its constraints, with the constraint
+and energy errors but no reference. User errors (unknown names, bad numbers)
 print `cdiff: error: ...` and exit with status 2; a solve that stops early (for
 example on a non-finite state) still writes what it has and exits with status 1.
 """
@@ -25,6 +29,7 @@ import math
 import sys
 import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 import equinox as eqx
 import jax
@@ -35,7 +40,7 @@ import cdiff
 from cdiff import _cli_study
 from cdiff._animate import check_target as check_animation_target
 from cdiff._model import has_energy as model_has_energy
-from cdiff.models import MODELS
+from cdiff.models import MJCF_LIBRARY, MODELS
 
 #: Command-line names of the formulations.
 FORMULATIONS = {
@@ -101,8 +106,10 @@ def _parser() -> argparse.ArgumentParser:
         ),
     )
     run.set_defaults(parser=run)
-    run.add_argument("model", choices=list(MODELS), metavar="MODEL",
-                     help="one of: " + ", ".join(MODELS))
+    run.add_argument("model", metavar="MODEL",
+                     help="a reference model (" + ", ".join(MODELS) + "), a shipped "
+                     "MJCF mechanism (" + ", ".join(MJCF_LIBRARY) + ") or the path of "
+                     "an MJCF (.xml) or URDF (.urdf) file")
     run.add_argument("--curve", choices=["line_x1", "line_x0", "circle"],
                      help="planar-arm-on-curve: the curve of the end effector "
                      "(default line_x1)")
@@ -229,6 +236,11 @@ def _list() -> int:
     for name, cls in MODELS.items():
         print(f"  {name:<20} {_summary(cls)}")
         print(f"  {'':<20} default --t1 {cls.default_t1:g} --dt {cls.default_dt:g}")
+    print("MJCF mechanisms (cdiff/models/mjcf/; or run any MJCF or URDF file by path):")
+    for name, entry in MJCF_LIBRARY.items():
+        print(f"  {name:<20} {entry.source}")
+        print(f"  {'':<20} reference: {entry.reference_kind}; default --t1 "
+              f"{entry.t1:g} --dt {entry.dt:g}")
     print("formulations (DAEs, integrated by cdiff.BDF: "
           + ", ".join(DAE_FORMULATIONS) + "):")
     for name, cls in FORMULATIONS.items():
@@ -239,20 +251,74 @@ def _list() -> int:
     return 0
 
 
-def _run(args, parser) -> int:
-    """`cdiff run`: simulate, compare with the reference, report, write files."""
+class _Case(NamedTuple):
+    """What `cdiff run` simulates: a model, its start, its default horizon and step,
+    and its reference (`reference(ts) -> Reference` and `observable(q)`, or None)."""
+
+    name: str
+    model: cdiff.AbstractModel
+    q0: np.ndarray
+    v0: np.ndarray
+    t1: float
+    dt: float
+    reference: Any
+    observable: Any
+    observable_names: tuple[str, ...]
+
+
+def _mujoco_case(name: str, path: Path, entry) -> _Case:
+    """A MuJoCo file (a shipped mechanism when `entry` is given) as a `_Case`: from
+    its first keyframe or `qpos0`, projected onto the constraints."""
+    model = cdiff.models.from_mujoco(path)
+    q0, v0 = cdiff.consistent_state(model, *model.initial_state())
+    names = tuple(f"qpos[{i}]" for i in range(q0.shape[0]))
+    if entry is None:
+        return _Case(name, model, q0, v0, 10.0, 1e-3, None, None, ())
+    reference = entry.reference
+    return _Case(name, model, q0, v0, entry.t1, entry.dt, reference,
+                 None if reference is None else (lambda q: q), names)
+
+
+def _case(args, parser) -> _Case:
+    """The model `cdiff run MODEL` names: a reference model, a shipped MJCF
+    mechanism or a MuJoCo file; `parser.error` for anything else."""
     if args.curve is not None and args.model != "planar-arm-on-curve":
         parser.error("--curve applies to planar-arm-on-curve only")
-    model = MODELS[args.model](*(() if args.curve is None else (args.curve,)))
-    animation_path = _animation_path(args, parser, model)
+    if args.model in MODELS:
+        model = MODELS[args.model](*(() if args.curve is None else (args.curve,)))
+        q0, v0 = model.initial_state()
+        names = tuple(getattr(model, "observable_names", ()))
+        return _Case(args.model, model, q0, v0, model.default_t1, model.default_dt,
+                     getattr(model, "reference", None),
+                     getattr(model, "observable", None), names)
+    if args.model in MJCF_LIBRARY:
+        entry = MJCF_LIBRARY[args.model]
+        return _mujoco_case(args.model, entry.path, entry)
+    path = Path(args.model)
+    if path.suffix.lower() in (".xml", ".urdf", ".mjcf"):
+        if not path.is_file():
+            parser.error(f"no such file: {path}")
+        return _mujoco_case(path.stem, path, None)
+    parser.error(
+        f"unknown MODEL {args.model!r}: choose a reference model ("
+        + ", ".join(MODELS) + "), a shipped MJCF mechanism ("
+        + ", ".join(MJCF_LIBRARY) + ") or give the path of an .xml or .urdf file"
+    )
+
+
+def _run(args, parser) -> int:
+    """`cdiff run`: simulate, compare with the reference, report, write files."""
+    case = _case(args, parser)
+    model = case.model
+    animation_path = _animation_path(args, parser, model, case.name)
     formulation = _formulation(args, parser)
     has_energy = model_has_energy(model)
     if args.energy_correction and not has_energy:
-        parser.error(f"{args.model} defines no energy: --energy-correction needs one")
-    t1 = model.default_t1 if args.t1 is None else args.t1
-    dt = model.default_dt if args.dt is None else args.dt
+        parser.error(f"{case.name} defines no energy: --energy-correction needs one")
+    t1 = case.t1 if args.t1 is None else args.t1
+    dt = case.dt if args.dt is None else args.dt
     dtype = jnp.float32 if args.float32 else jnp.float64
-    q0, v0 = (jnp.asarray(x, dtype) for x in model.initial_state())
+    q0, v0 = (jnp.asarray(x, dtype) for x in (case.q0, case.v0))
     progress = not args.no_progress and sys.stderr.isatty()
 
     # Settle static choices (NullSpace's dof) from the concrete initial state, then
@@ -291,13 +357,19 @@ def _run(args, parser) -> int:
     steps = int(sol.stats["num_steps"])
     valid = np.isfinite(np.asarray(sol.ts))
     ts = np.asarray(sol.ts)[valid]
-    ref = model.reference(ts)
-    obs = np.asarray(model.observable(sol.q[valid]), np.float64)
-    ref_obs = np.asarray(model.observable(ref.q), np.float64)
-    obs_error = np.max(np.abs(obs - ref_obs), axis=-1)
-    names = tuple(getattr(model, "observable_names", ())) or tuple(
-        f"observable {i}" for i in range(obs.shape[-1])
-    )
+    if case.reference is not None:
+        ref = case.reference(ts)
+        obs = np.asarray(case.observable(sol.q[valid]), np.float64)
+        ref_obs = np.asarray(case.observable(ref.q), np.float64)
+        obs_error = np.max(np.abs(obs - ref_obs), axis=-1)
+        names = case.observable_names or tuple(
+            f"observable {i}" for i in range(obs.shape[-1])
+        )
+        obs_row = f"{np.nanmax(obs_error):.3e}  ({_names_summary(names)})"
+    else:
+        ref = obs = ref_obs = obs_error = None
+        names = ()
+        obs_row = "n/a (no reference solution)"
 
     dt_taken = float(sol.dt)
     if dae:
@@ -312,7 +384,8 @@ def _run(args, parser) -> int:
         else "n/a (the model defines no energy)"
     )
     rows = [
-        ("model", args.model),
+        ("model", args.model if case.name == args.model else
+         f"{case.name} ({args.model})"),
         ("formulation", f"{args.formulation}: {formulation}"),
         ("solver", "RK4" if solver is None else str(solver)),
         ("precision", np.dtype(dtype).name),
@@ -322,7 +395,7 @@ def _run(args, parser) -> int:
         ("steps", f"{steps}"),
         ("max constraint error", f"{float(sol.max_constraint_error):.3e}  (|Phi_q|)"),
         ("max energy error", energy),
-        ("max observable error", f"{np.nanmax(obs_error):.3e}  ({', '.join(names)})"),
+        ("max observable error", obs_row),
         (
             "wall time",
             f"{compile_time + run_time:.2f} s "
@@ -335,7 +408,8 @@ def _run(args, parser) -> int:
         print(f"{key:<{width}}  {value}")
 
     settings = {
-        "model": args.model,
+        "model": case.name,
+        "source": args.model,
         "curve": args.curve,
         "formulation": args.formulation,
         "formulation_repr": repr(formulation),
@@ -363,27 +437,26 @@ def _run(args, parser) -> int:
         "v": np.asarray(sol.v)[valid],
         "holonomic_residual": np.asarray(sol.holonomic_residual)[valid],
         "velocity_residual": np.asarray(sol.velocity_residual)[valid],
-        "reference_q": np.asarray(ref.q),
-        "reference_v": np.asarray(ref.v),
-        "observable": obs,
-        "reference_observable": ref_obs,
-        "observable_error": obs_error,
         "settings": np.asarray(json.dumps(settings)),
     }
+    if ref is not None:
+        data.update(reference_q=np.asarray(ref.q), reference_v=np.asarray(ref.v),
+                    observable=obs, reference_observable=ref_obs,
+                    observable_error=obs_error)
     if sol.energy is not None:
         data["energy"] = np.asarray(sol.energy)[valid]
 
     args.out.mkdir(parents=True, exist_ok=True)
-    npz_path = args.out / f"{args.model}.npz"
-    png_path = args.out / f"{args.model}.png"
+    npz_path = args.out / f"{case.name}.npz"
+    png_path = args.out / f"{case.name}.png"
     np.savez(npz_path, **data)
     with np.errstate(all="ignore"):  # log axes of a diverged run overflow
         step = f"BDF rtol={solver.rtol:g}" if dae else f"dt={dt_taken:g}"
-        _plot(png_path, data, names, f"{args.model}, {formulation}, {step}")
+        _plot(png_path, data, names, f"{case.name}, {formulation}, {step}")
     print(f"wrote {png_path}")
     print(f"wrote {npz_path}")
     if animation_path is not None:
-        title = f"{args.model}, {args.formulation}"
+        title = f"{case.name}, {args.formulation}"
         print(f"wrote {cdiff.animate(model, sol, animation_path, title=title)}")
     if sol.message:
         print(f"cdiff: warning: the solve stopped early at t = {ts[-1]:g}: "
@@ -392,34 +465,55 @@ def _run(args, parser) -> int:
     return 0
 
 
-def _animation_path(args, parser, model) -> Path | None:
+def _animation_path(args, parser, model, name: str) -> Path | None:
     """Where `--animate` asks for the animation (`None` without it): DIR/MODEL.gif,
     or the path given; `parser.error` before the run for a model without a sketch,
     another suffix than .gif or .mp4, or .mp4 without ffmpeg."""
     if args.animate is None:
         return None
-    path = args.out / f"{args.model}.gif" if args.animate is True else args.animate
+    path = args.out / f"{name}.gif" if args.animate is True else args.animate
     try:
         return check_animation_target(model, path)
     except (ValueError, RuntimeError) as e:
-        parser.error(f"--animate ({args.model}): {e}")
+        parser.error(f"--animate ({name}): {e}")
+
+
+def _names_summary(names: tuple[str, ...], most: int = 4) -> str:
+    """`names` joined, the first `most` of a long list and a count of the rest."""
+    if len(names) <= most:
+        return ", ".join(names)
+    return ", ".join(names[:most]) + f" and {len(names) - most} more"
+
+
+#: The most observables `_plot` draws (the error panel covers all of them).
+_PLOTTED = 4
 
 
 def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:
-    """Observable with reference, constraint residuals, energy error and observable
-    error against time, stacked, in one PNG (Agg canvas; pyplot is not touched)."""
+    """Observable with reference (without a reference: the coordinates), constraint
+    residuals, energy error and observable error against time, stacked, in one PNG
+    (Agg canvas; pyplot is not touched)."""
     from matplotlib.figure import Figure
 
     ts = data["ts"]
-    panels = 4 if "energy" in data else 3
+    has_reference = "observable" in data
+    panels = 2 + ("energy" in data) + has_reference
     fig = Figure(figsize=(8, 2.3 * panels), layout="constrained")
     axes = fig.subplots(panels, 1, sharex=True)
     fig.suptitle(title, fontsize=9)
     ax = axes[0]
-    for i, name in enumerate(names):
-        ax.plot(ts, data["observable"][:, i], label=name)
-        ax.plot(ts, data["reference_observable"][:, i], "k--", lw=0.8,
-                label=f"{name}, reference")
+    if has_reference:
+        for i, name in enumerate(names[:_PLOTTED]):
+            ax.plot(ts, data["observable"][:, i], label=name)
+            ax.plot(ts, data["reference_observable"][:, i], "k--", lw=0.8,
+                    label=f"{name}, reference")
+        if len(names) > _PLOTTED:
+            ax.set_title(f"the first {_PLOTTED} of {len(names)} observables "
+                         "(errors below: all)", fontsize=8)
+    else:
+        for i in range(min(_PLOTTED, data["q"].shape[1])):
+            ax.plot(ts, data["q"][:, i], label=f"qpos[{i}]")
+        ax.set_ylabel("coordinates")
     ax.legend(fontsize=8)
     ax = axes[1]
     for key, label in [("holonomic_residual", r"$\max_i |\Phi_q|$"),
@@ -427,12 +521,16 @@ def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:
         if data[key].shape[-1]:
             ax.semilogy(ts, np.max(np.abs(data[key]), axis=-1), label=label)
     ax.set_ylabel("constraint residual")
-    ax.legend(fontsize=8)
+    if ax.lines:
+        ax.legend(fontsize=8)
+    else:
+        ax.text(0.5, 0.5, "no constraints", transform=ax.transAxes, ha="center")
     if "energy" in data:
         axes[2].semilogy(ts, np.abs(data["energy"] - data["energy"][0]))
         axes[2].set_ylabel(r"$|E - E_0|$ (J)")
-    axes[-1].semilogy(ts, data["observable_error"])
-    axes[-1].set_ylabel("observable error")
+    if has_reference:
+        axes[-1].semilogy(ts, data["observable_error"])
+        axes[-1].set_ylabel("observable error")
     axes[-1].set_xlabel("t (s)")
     fig.savefig(path, dpi=110)
 

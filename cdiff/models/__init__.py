@@ -3,6 +3,12 @@ parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` an
 `observable(q)` (the quantity its paper compares with the reference)."""
 
 from ._double_four_bar import DoubleFourBar as DoubleFourBar
+from ._library import MJCF_DIR as MJCF_DIR
+from ._library import MJCF_LIBRARY as MJCF_LIBRARY
+from ._library import MJCFMechanism as MJCFMechanism
+from ._library import mjcf_path as mjcf_path
+from ._mujoco import MuJoCoModel as MuJoCoModel
+from ._mujoco import from_mujoco as from_mujoco
 from ._particle_on_circle import ParticleOnCircle as ParticleOnCircle
 from ._planar_arm_on_curve import PlanarArmOnCurve as PlanarArmOnCurve
 from ._reference import MinimalODE as MinimalODE

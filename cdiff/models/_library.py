@@ -1,0 +1,420 @@
+"""The mechanisms shipped as MJCF files (`cdiff/models/mjcf/`), each with an
+independent reference: a minimal-coordinate ODE solved tightly, published reference
+values, or the conservation laws the benchmark checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._double_four_bar import DoubleFourBar
+from ._reference import Reference, solve_minimal
+from ._slider_crank import SliderCrank
+
+#: The folder of the shipped MJCF files.
+MJCF_DIR = Path(__file__).parent / "mjcf"
+
+_G = 9.81
+
+
+def _crank_rhs(t, y, c):
+    r"""$\ddot\theta = -c\cos\theta$ for $y = (\theta, \dot\theta)$ (module level, so
+    that compiled solves are reused)."""
+    th, om = y
+    return jnp.stack([om, -c * jnp.cos(th)])
+
+
+def _solve_crank(c, theta0, omega0, ts):
+    y0 = jnp.array([theta0, omega0], dtype=jnp.float64)
+    y = solve_minimal(_crank_rhs, y0, ts, args=c)
+    return y[:, 0], y[:, 1]
+
+
+# --------------------------------------------------------------------------- R2
+
+
+def slider_crank_reference(ts) -> Reference:
+    r"""R2, `slider_crank.xml`: Braun & Goldfarb's exact reference (eq. 24) in the
+    file's coordinates.
+
+    A reduction of the paper's model, not published data: on the branch
+    $\theta_2 = -\theta_1$ the crank obeys eq. 24 (solved by
+    [`cdiff.models.SliderCrank`][]'s `minimal_ode()` to `rtol = atol = 1e-12`), and
+    `qpos` $= [\theta_1,\ 2l\cos\theta_1,\ -\theta_1]$ (crank, slider, rod).
+
+    **Arguments:**
+
+    - `ts`: the times, from 0 (the keyframe "paper": 45 degrees, at rest).
+
+    **Returns:** a `cdiff.models.Reference` of `qpos` and `qvel`, shape `(T, 3)`.
+    """
+    crank = SliderCrank()
+    ode = crank.minimal_ode()
+    y = solve_minimal(ode.rhs, ode.y0.astype(jnp.float64), ts,
+                      args=jnp.asarray(ode.args, jnp.float64))
+    th, om = y[:, 0], y[:, 1]
+    l = crank.l
+    q = jnp.stack([th, 2 * l * jnp.cos(th), -th], axis=-1)
+    v = jnp.stack([om, -2 * l * jnp.sin(th) * om, -om], axis=-1)
+    return Reference(jnp.asarray(ts), q, v)
+
+
+# --------------------------------------------------------------------------- R4
+
+
+def double_four_bar_reference(ts) -> Reference:
+    r"""R4, `double_four_bar.xml`: Braun & Goldfarb's exact reference (Fig. 6
+    caption) in the file's coordinates.
+
+    A reduction, not published data: the linkage stays a parallelogram, every crank
+    at $\theta$ with $\ddot\theta = -\tfrac{7g}{6l}\cos\theta$ (solved by
+    [`cdiff.models.DoubleFourBar`][]'s `minimal_ode()` to `rtol = atol = 1e-12`),
+    every coupler horizontal: `qpos` $= [\theta, -\theta, \theta, -\theta, \theta]$
+    (cranks' absolute angles, couplers' angles relative to their cranks).
+
+    **Arguments:**
+
+    - `ts`: the times, from 0 (the keyframe "paper": $\theta = \pi/2$,
+      $\dot\theta = -1$ rad/s).
+
+    **Returns:** a `cdiff.models.Reference` of `qpos` and `qvel`, shape `(T, 5)`.
+    """
+    ode = DoubleFourBar().minimal_ode()
+    y = solve_minimal(ode.rhs, ode.y0.astype(jnp.float64), ts,
+                      args=jnp.asarray(ode.args, jnp.float64))
+    th, om = y[:, :1], y[:, 1:]
+    sign = jnp.array([1.0, -1.0, 1.0, -1.0, 1.0])
+    return Reference(jnp.asarray(ts), th * sign, om * sign)
+
+
+# --------------------------------------------------------------------------- A01
+
+# The lumped mass's own rotational inertia in simple_pendulum.xml (MuJoCo needs a
+# positive one); the reduction below includes it.
+_A01_INERTIA = 1e-12
+
+
+def simple_pendulum_reference(ts) -> Reference:
+    r"""IFToMM A01, `simple_pendulum.xml`: the pendulum's angle from its minimal ODE.
+
+    A reduction, not the benchmark's published data (A01_solution_data.txt is not in
+    the stored sources): $(ml^2 + I)\ddot\theta = -mgl\cos\theta$ with
+    $m = 1$ kg, $l = 1$ m, $g = 9.81$ m/s$^2$ and the file's $I = 10^{-12}$ kg m$^2$,
+    from $\theta = 0$ at rest; point P1 is at $l(\cos\theta, \sin\theta)$.
+
+    **Arguments:**
+
+    - `ts`: the times, from 0.
+
+    **Returns:** a `cdiff.models.Reference` of `qpos` and `qvel`, shape `(T, 1)`.
+    """
+    c = _G / (1.0 + _A01_INERTIA)
+    th, om = _solve_crank(c, 0.0, 0.0, ts)
+    return Reference(jnp.asarray(ts), th[:, None], om[:, None])
+
+
+# --------------------------------------------------------------------------- A02
+
+A02_N = 40
+
+
+def n_four_bar_ode_coefficient(n: int) -> float:
+    r"""$c$ in the N four-bar mechanism's parallelogram motion
+    $\ddot\theta = -c\,\tfrac{g}{l}\cos\theta$: $c = \frac{3(3N+1)}{2(4N+1)}$.
+
+    Derivation (every crank at angle $\theta$, every coupler translating at
+    $l\dot\theta$): the $N+1$ cranks, each $ml^2/3$ about its pivot, and the $N$
+    couplers give $T = \tfrac12 ml^2\dot\theta^2\,(\tfrac{N+1}{3} + N)$, and
+    $V = mgl\sin\theta\,(\tfrac{N+1}{2} + N)$; Lagrange's equation gives $c$.
+    $N = 2$ is Braun & Goldfarb's R4 ($c = 7/6$).
+    """
+    return 3 * (3 * n + 1) / (2 * (4 * n + 1))
+
+
+def n_four_bar_reference(ts, n: int = A02_N) -> Reference:
+    r"""IFToMM A02, `n_four_bar.xml` (N = 40): the exact parallelogram motion.
+
+    A reduction derived here, not the benchmark's published data
+    (A02_solution_data.txt is not in the stored sources): all cranks turn together,
+    $\ddot\theta = -c\,(g/l)\cos\theta$ with $c$ from
+    `n_four_bar_ode_coefficient` (363/322 for N = 40), from
+    $\theta = \pi/2$, $\dot\theta = -1$ rad/s (B0 moving at 1 m/s along +x), solved
+    to `rtol = atol = 1e-12`. Point B0 is at $l(\cos\theta, \sin\theta)$ with
+    velocity $l\dot\theta(-\sin\theta, \cos\theta)$; `qpos` is $\theta$ for every
+    crank and $-\theta$ for every coupler (relative to its crank).
+
+    **Arguments:**
+
+    - `ts`: the times, from 0.
+    - `n`: the number of four-bar windows (the file has 40).
+
+    **Returns:** a `cdiff.models.Reference` of `qpos` and `qvel`, shape
+    `(T, 2n + 1)`.
+    """
+    th, om = _solve_crank(_G * n_four_bar_ode_coefficient(n), np.pi / 2, -1.0, ts)
+    sign = jnp.asarray(np.r_[np.tile([1.0, -1.0], n), 1.0])
+    return Reference(jnp.asarray(ts), th[:, None] * sign, om[:, None] * sign)
+
+
+def n_four_bar_b0(reference: Reference):
+    """Position and velocity of point B0 (x, y) from an A02 reference, shape
+    `(T, 4)`: the benchmark's output, `[x, y, xdot, ydot]`."""
+    th, om = reference.q[:, 0], reference.v[:, 0]
+    c, s = jnp.cos(th), jnp.sin(th)
+    return jnp.stack([c, s, -s * om, c * om], axis=-1)
+
+
+# --------------------------------------------------------------------------- A03
+
+#: Andrews' squeezer at t = 0.03 s, Hairer & Wanner's order
+#: [beta, Theta, gamma, Phi, delta, Omega, epsilon] and their rates: the IVP test set's
+#: reference solution (Mazzia & Magherini, "Test Set for IVP Solvers", problem
+#: "andrews", subroutine `andsoln`: PSIDE at rtol = atol = 1e-14).
+A03_T = 0.03
+A03_REFERENCE_Q = (
+    0.1581077119629904e2, -0.1575637105984298e2, 0.4082224013073101e-1,
+    -0.5347301163226948, 0.5244099658805304, 0.5347301163226948,
+    0.1048080741042263e1,
+)
+A03_REFERENCE_V = (
+    0.1139920302151208e4, -0.1424379294994111e4, 0.1103291221937134e2,
+    0.1929337464421385e2, 0.5735699284790808, -0.1929337464421385e2,
+    0.3231791658026955,
+)
+# qpos of andrews_squeezer.xml is [beta, Theta, gamma, delta, Phi, epsilon, Omega].
+_A03_ORDER = np.array([0, 1, 2, 4, 3, 6, 5])
+
+
+def andrews_squeezer_reference(ts=(A03_T,)) -> Reference:
+    r"""IFToMM A03, `andrews_squeezer.xml`: the published state at $t = 0.03$ s.
+
+    Published data, not a reduction: the IVP test set's reference solution of
+    Andrews' squeezing mechanism (Hairer & Wanner, "Solving ODEs II", Sec. VII.7;
+    Mazzia & Magherini's Test Set for IVP Solvers, problem "andrews", computed with
+    PSIDE at `rtol = atol = 1e-14`), reordered to the file's `qpos`. The
+    mechanism has no independent reduction (one degree of freedom through six loop
+    constraints), and the published values exist only at 0.03 s.
+
+    **Arguments:**
+
+    - `ts`: must be `(0.03,)`.
+
+    **Returns:** a `cdiff.models.Reference` of `qpos` and `qvel`, shape `(1, 7)`.
+
+    **Raises:** `ValueError` for any other `ts`.
+    """
+    ts = np.asarray(ts, dtype=float).reshape(-1)
+    if ts.shape != (1,) or ts[0] != A03_T:
+        raise ValueError(
+            f"andrews_squeezer_reference: published values exist only at t = {A03_T} "
+            f"s; got ts = {ts}"
+        )
+    q = np.asarray(A03_REFERENCE_Q)[_A03_ORDER]
+    v = np.asarray(A03_REFERENCE_V)[_A03_ORDER]
+    return Reference(jnp.asarray(ts), jnp.asarray(q)[None], jnp.asarray(v)[None])
+
+
+# --------------------------------------------------------------------------- registry
+
+
+@dataclasses.dataclass(frozen=True)
+class MJCFMechanism:
+    """One shipped MJCF mechanism with its source, suggested run and reference.
+
+    **Attributes:**
+
+    - `name`: registry key.
+    - `file`: the MJCF file in `MJCF_DIR`; `path` is its full path.
+    - `source`: the paper or benchmark it comes from.
+    - `t1`, `dt`: the suggested horizon (the benchmark's where it gives one) and a
+      fixed step for the default RK4.
+    - `reference`: `reference(ts) -> cdiff.models.Reference` in the file's `qpos` and
+      `qvel`, or `None` where only conservation laws are checked.
+    - `reference_kind`: `"reduction"` (a minimal-coordinate ODE derived from the
+      model, solved at `rtol = atol = 1e-12`), `"published"` (published numbers) or
+      `"conservation"` (energy and the constraint manifold).
+    - `accuracy`: the published accuracy bar, in words.
+    - `pinv_rtol`: the relative singular-value threshold of the formulations'
+      pseudoinverse (`rtol` of `cdiff.UdwadiaKalaba`) the mechanism needs, where
+      the default does not do: for Bricard's mechanism, whose six weld rows are
+      dependent only on the constraint manifold. At a Runge-Kutta stage, off the
+      manifold by $O(dt^2)$, their sixth singular value is no longer zero; below the
+      threshold it is treated as the redundancy it is, above it as a constraint,
+      whose force then has a tangential part. `None`: the default.
+    """
+
+    name: str
+    file: str
+    source: str
+    t1: float
+    dt: float
+    reference: Callable[..., Reference] | None
+    reference_kind: str
+    accuracy: str
+    pinv_rtol: float | None = None
+
+    @property
+    def path(self) -> Path:
+        """The MJCF file's full path."""
+        return MJCF_DIR / self.file
+
+
+_IFTOMM = (
+    "IFToMM library of computational benchmark problems (Gonzalez, Dopico, Lugris & "
+    "Cuadrado, Multibody Syst. Dyn. 16:179-190, 2006)"
+)
+
+#: The shipped mechanisms, by name.
+MJCF_LIBRARY: dict[str, MJCFMechanism] = {
+    m.name: m
+    for m in (
+        MJCFMechanism(
+            "slider-crank-mjcf", "slider_crank.xml",
+            "Braun & Goldfarb 2012, Sec. 4.1 (R2)", 10.0, 1e-2,
+            slider_crank_reference, "reduction",
+            "none published; the paper compares with the exact eq. 24 (Figs. 3-4)",
+        ),
+        MJCFMechanism(
+            "double-four-bar-mjcf", "double_four_bar.xml",
+            "Braun & Goldfarb 2012, Sec. 4.2 (R4)", 10.0, 1e-2,
+            double_four_bar_reference, "reduction",
+            "none published; the paper compares with the exact solution (Figs. 6-7)",
+        ),
+        MJCFMechanism(
+            "iftomm-a01-simple-pendulum", "simple_pendulum.xml",
+            _IFTOMM + ", A01", 10.0, 1e-3,
+            simple_pendulum_reference, "reduction",
+            "position of P1 within 1e-3 (high precision; 1e-1 low) at 4000 outputs "
+            "over the benchmark's 2000 s",
+        ),
+        MJCFMechanism(
+            "iftomm-a02-n-four-bar", "n_four_bar.xml",
+            _IFTOMM + ", A02 (N = 40)", 20.0, 1e-2,
+            n_four_bar_reference, "reduction",
+            "position and velocity of B0 within 1e-3 (high precision; 1e-1 low) at "
+            "400 outputs over 20 s",
+        ),
+        MJCFMechanism(
+            "iftomm-a03-andrews-squeezer", "andrews_squeezer.xml",
+            _IFTOMM + ", A03; Hairer & Wanner, Solving ODEs II, Sec. VII.7",
+            A03_T, 1e-5,
+            andrews_squeezer_reference, "published",
+            "IVP test set: the seven angles at t = 0.03 s, given to about 13 digits "
+            "(the IFToMM bar is not in the stored sources)",
+        ),
+        MJCFMechanism(
+            "iftomm-a04-bricard", "bricard.xml",
+            _IFTOMM + ", A04", 10.0, 1e-3,
+            None, "conservation",
+            "stay on the constraint manifold and conserve energy over 10 s (the "
+            "benchmark's P3 data are not in the stored sources)",
+            pinv_rtol=1e-5,
+        ),
+    )
+}
+
+
+def mjcf_path(name: str) -> Path:
+    """The path of a shipped MJCF file by its registry name (see
+    `MJCF_LIBRARY`).
+
+    **Raises:** `KeyError` listing the names.
+    """
+    try:
+        return MJCF_LIBRARY[name].path
+    except KeyError:
+        raise KeyError(
+            f"no shipped MJCF mechanism {name!r}; choose one of {sorted(MJCF_LIBRARY)}"
+        ) from None
+
+
+# --------------------------------------------------------------------------- acceptance
+
+
+def acceptance(name: str, formulation=None, *, t1=None, dt=None, outputs=None,
+               **simulate_kwargs) -> dict[str, float]:
+    r"""Run a shipped mechanism over its benchmark's horizon with
+    [`cdiff.simulate`][] and measure it against its reference and the benchmark's
+    bar. Long (A02: 20 s of an 81-coordinate model), so not part of the tests.
+
+    What is measured, by mechanism:
+
+    - `"reduction"` references: `q_error`, `v_error`, the largest
+      $|q - q_\text{ref}|$ and $|v - v_\text{ref}|$ over the outputs; for A02
+      also `B0_error`, the largest error of B0's position and velocity (MJX's site
+      kinematics against the reduction), the benchmark's measure;
+    - A03: `q_error`, `v_error` at 0.03 s against the published values, and
+      `energy_balance_error`, the largest $|E - E_0 - \tau(\beta - \beta_0)|$;
+    - every mechanism: `constraint_error` (largest $|\Phi_q|$), and for the
+      conservative ones `energy_error` (largest $|E - E_0|$);
+    - `passed`: 1.0 or 0.0 against the bar where the benchmark states one
+      (A01, A02: 1e-3 on the outputs), else absent;
+    - `seconds`: the wall time of the call, compilation included.
+
+    **Arguments:**
+
+    - `name`: a key of `MJCF_LIBRARY`.
+    - `formulation`: default `cdiff.UdwadiaKalaba(rtol=entry.pinv_rtol)`.
+    - `t1`, `dt`: default the entry's (A02: the benchmark's 20 s).
+    - `outputs`: number of output intervals (default: A01 and A02 the benchmark's
+      rate, 400 over 20 s and 2 per second; A03 one, at 0.03 s; others 100).
+    - `simulate_kwargs`: passed to `cdiff.simulate` (`solver`,
+      `stepsize_controller`, ...).
+
+    **Returns:** a dict of floats.
+    """
+    import time
+
+    from .. import SaveAt, UdwadiaKalaba, simulate
+    from ._mujoco import from_mujoco
+
+    start = time.perf_counter()
+    entry = MJCF_LIBRARY[name]
+    if formulation is None:
+        formulation = UdwadiaKalaba(rtol=entry.pinv_rtol)
+    t1 = entry.t1 if t1 is None else t1
+    dt = entry.dt if dt is None else dt
+    if outputs is None:
+        outputs = {"iftomm-a01-simple-pendulum": max(1, round(2 * t1)),
+                   "iftomm-a02-n-four-bar": max(1, round(20 * t1)),
+                   "iftomm-a03-andrews-squeezer": 1}.get(name, 100)
+    model = from_mujoco(entry.path)
+    q0, v0 = model.initial_state()
+    ts = np.linspace(0.0, t1, outputs + 1)
+    sol = simulate(model, formulation, q0, v0, t1=t1, dt=dt,
+                   saveat=SaveAt(ts=jnp.asarray(ts)), **simulate_kwargs)
+    q, v = np.asarray(sol.q), np.asarray(sol.v)
+    out = {"constraint_error": float(sol.max_constraint_error)}
+    if name == "iftomm-a03-andrews-squeezer":
+        ref = andrews_squeezer_reference()
+        out["q_error"] = float(np.abs(q[-1] - ref.q[0]).max())
+        out["v_error"] = float(np.abs(v[-1] - ref.v[0]).max())
+        torque = float(model.mjx_model.actuator_biasprm[0, 0])
+        balance = np.asarray(sol.energy) - float(sol.energy[0]) - torque * (
+            q[:, 0] - q[0, 0])
+        out["energy_balance_error"] = float(np.abs(balance).max())
+    else:
+        out["energy_error"] = float(sol.max_energy_error)
+    if entry.reference_kind == "reduction":
+        ref = entry.reference(ts[1:])
+        out["q_error"] = float(np.abs(q[1:] - ref.q).max())
+        out["v_error"] = float(np.abs(v[1:] - ref.v).max())
+    if name == "iftomm-a02-n-four-bar":
+        b0 = jax.jit(jax.vmap(lambda q, v: jnp.concatenate([
+            model.site_position(q, "B0")[:2], model.site_velocity(q, v, "B0")[:2]])))
+        err = np.abs(np.asarray(b0(sol.q[1:], sol.v[1:]))
+                     - np.asarray(n_four_bar_b0(ref)))
+        out["B0_error"] = float(err.max())
+        out["passed"] = float(err.max() <= 1e-3)
+    if name == "iftomm-a01-simple-pendulum":
+        p1 = np.stack([np.cos(q[1:, 0]), np.sin(q[1:, 0])], -1)
+        p1_ref = np.stack([np.cos(ref.q[:, 0]), np.sin(ref.q[:, 0])], -1)
+        out["P1_error"] = float(np.abs(p1 - p1_ref).max())
+        out["passed"] = float(out["P1_error"] <= 1e-3)
+    out["seconds"] = time.perf_counter() - start
+    return out

@@ -1,0 +1,790 @@
+"""Models loaded from MuJoCo (MJCF, URDF, `mujoco.MjSpec`): MJX's rigid-body
+dynamics with MuJoCo's equality constraints as exact holonomic constraints."""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import functools
+import io
+import os
+import warnings
+from typing import Any, NamedTuple
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._model import AbstractModel
+
+_INSTALL = 'pip install "cdiff[mujoco]"'
+
+# Values of MuJoCo's enums (stable in its C API): mjtJoint, mjtEq, mjtTrn (2 and 5
+# are slider-crank and body transmissions), mjtDyn, mjtGain, mjtBias, mjtObj.
+_FREE, _BALL, _SLIDE, _HINGE = 0, 1, 2, 3
+_CONNECT, _WELD = 0, 1
+_TRN_JOINT, _TRN_JOINTINPARENT, _TRN_TENDON, _TRN_SITE = 0, 1, 3, 4
+_DYN_NONE, _GAIN_FIXED, _BIAS_NONE, _BIAS_AFFINE = 0, 0, 0, 1
+_OBJ_SITE = 6
+_EQ_KINDS = {0: ("connect", 3), 1: ("weld", 6), 2: ("joint", 1), 3: ("tendon", 1)}
+
+
+def _mujoco():
+    """`(mujoco, mujoco.mjx)`, imported on first use. MJX's import prints a notice
+    about its optional Warp backend to stdout; it is swallowed."""
+    try:
+        import mujoco
+
+        with contextlib.redirect_stdout(io.StringIO()):
+            from mujoco import mjx
+    except ImportError as e:
+        raise ImportError(
+            f"cdiff's MuJoCo models need the packages mujoco and mujoco-mjx: {_INSTALL}"
+        ) from e
+    return mujoco, mjx
+
+
+class _Joint(NamedTuple):
+    type: int
+    qposadr: int
+    dofadr: int
+
+
+class _Equality(NamedTuple):
+    label: str  # for messages: "weld equality 'name'" or "weld equality 3"
+    kind: str  # connect, weld, joint or tendon
+    index: int  # in MuJoCo's equality list
+    obj1: int
+    obj2: int
+    site: bool  # connect/weld between sites rather than bodies
+    rows: int
+
+
+def _impl(d):
+    """The fields of MJX's data that are specific to its JAX implementation
+    (`actuator_moment`, ...)."""
+    return getattr(d, "_impl", d)
+
+
+def _quat_mul(u, v):
+    """The quaternion product `u * v` (w, x, y, z)."""
+    return jnp.stack([
+        u[0] * v[0] - u[1] * v[1] - u[2] * v[2] - u[3] * v[3],
+        u[0] * v[1] + u[1] * v[0] + u[2] * v[3] - u[3] * v[2],
+        u[0] * v[2] - u[1] * v[3] + u[2] * v[0] + u[3] * v[1],
+        u[0] * v[3] + u[1] * v[2] - u[2] * v[1] + u[3] * v[0],
+    ])
+
+
+def _quat_conj(u):
+    return u * jnp.array([1.0, -1.0, -1.0, -1.0], dtype=u.dtype)
+
+
+def _quat_exp(omega):
+    r"""$(\cos\tfrac\theta2, \tfrac{\sin(\theta/2)}{\theta}\,\omega)$ with
+    $\theta = |\omega|$, smooth at $\omega = 0$ (Taylor branch with a safe square
+    root, so that its gradient is finite there too)."""
+    theta2 = omega @ omega
+    small = theta2 < 1e-4
+    theta = jnp.sqrt(jnp.where(small, 1.0, theta2))
+    # Series to theta^4: the first neglected terms are below 1e-17 for theta^2 < 1e-4.
+    c = jnp.where(small, 1 - theta2 / 8 + theta2**2 / 384, jnp.cos(theta / 2))
+    s = jnp.where(small, 0.5 - theta2 / 48 + theta2**2 / 3840,
+                  jnp.sin(theta / 2) / theta)
+    return jnp.concatenate([c[None], s * omega])
+
+
+def _rotation_angle_squared(quat):
+    r"""$\theta^2$ of the rotation `quat` (unit, either sign), the squared norm of
+    MuJoCo's `mju_quat2Vel`, smooth at the identity."""
+    s2 = quat[1:] @ quat[1:]
+    nonzero = s2 > 0
+    s = jnp.sqrt(jnp.where(nonzero, s2, 1.0))
+    theta = 2 * jnp.arctan2(s, jnp.abs(quat[0]))
+    return jnp.where(nonzero, theta**2, 0.0)
+
+
+def _vee(omega_hat):
+    """The vector of the skew-symmetric part of a 3x3 matrix."""
+    a = 0.5 * (omega_hat - omega_hat.T)
+    return jnp.stack([a[2, 1], a[0, 2], a[1, 0]])
+
+
+@functools.partial(jax.jit, static_argnames=("dynamics", "inertia", "tendon"))
+def _mjx_stages(m, q, v, *, dynamics, inertia, tendon):
+    """MJX's stages that the caller needs: `kinematics` always; `com_pos`,
+    `tendon` and `transmission` for `dynamics`; `com_pos`, `tendon`, `crb` and
+    `tendon_armature` for `inertia`; `tendon` for `tendon`; with `v`, also
+    `fwd_velocity`.
+
+    Jitted so that it is traced once per model structure and set of stages: MJX
+    is written as thousands of scalar operations, and tracing them again in each
+    of a formulation's derivatives would dominate the compilation; JAX applies
+    derivatives and batching to a jitted call's traced program instead."""
+    _, mjx = _mujoco()
+    # MJX relies on NumPy's implicit dtype promotion (bool * float, ...).
+    with jax.numpy_dtype_promotion("standard"):
+        d = mjx.make_data(m).replace(qpos=q)
+        d = mjx.kinematics(m, d)
+        if dynamics or inertia or v is not None:
+            d = mjx.com_pos(m, d)
+        if dynamics or inertia or tendon or v is not None:
+            d = mjx.tendon(m, d)
+        if dynamics or v is not None:
+            d = mjx.transmission(m, d)
+        if inertia:
+            d = mjx.crb(m, d)
+            d = mjx.tendon_armature(m, d)
+        if v is not None:
+            d = mjx.fwd_velocity(m, d.replace(qvel=v))
+    return d
+
+
+class MuJoCoModel(AbstractModel):
+    r"""A MuJoCo model (MJCF, URDF or `mujoco.MjSpec`) with exact equality
+    constraints. Build it with [`cdiff.models.from_mujoco`][].
+
+    The dynamics are MuJoCo's, computed by MJX: $M(q)$ is the joint-space inertia
+    (armature included), $Q = $ `qfrc_passive` $-$ `qfrc_bias` (gravity and its
+    compensation, Coriolis/centrifugal, joint and tendon springs and dampers, plus
+    the affine bias of the actuators) and $E(q)$ maps `ctrl` to joint forces. Every
+    active equality constraint (`eq_active0`) becomes exact holonomic residuals,
+    instead of MuJoCo's soft constraint:
+
+    - `connect`: the difference of the two anchors' world positions (3 rows);
+    - `weld`: the position difference and the vector part of the relative
+      quaternion $\bar q_2 \otimes q_1 \otimes$ `relpose`, times `torquescale`
+      (6 rows, as MuJoCo's `efc_pos`; `torquescale = 0` leaves 3 zero rows);
+    - `joint` and `tendon`: $x_1 - p(x_2)$ with MuJoCo's quartic $p$, joint
+      positions relative to `qpos0` and tendon lengths to `tendon_length0`.
+
+    `q` is MuJoCo's `qpos` (`nq`) and `v` its `qvel` (`nv`): ball and free joints
+    hold unit quaternions and local angular velocities, mapped by
+    `position_rate` and `integrate_position`. Kinematics normalise the
+    quaternions, so nothing depends on their norm.
+
+    **Parameters.** `mjx_model` is the `mjx.Model`; its arrays (`body_mass`,
+    `body_pos`, `body_inertia`, `dof_damping`, `opt.gravity`, ...) are pytree
+    leaves, so `jax.grad` and `jax.vmap` work over them. Replace them with
+    `model.tree_replace({"body_mass": ..., "opt.gravity": ...})` or
+    `eqx.tree_at`. Integer and structural fields are static.
+
+    **Custom constraints.** Subclass it and use the kinematic helpers
+    (`body_position`, `site_position`, `site_velocity`,
+    `body_angular_velocity`, the Jacobians, or `mjx_data` for anything else that
+    MJX computes). A disk of radius `r` rolling on the plane $z = 0$:
+
+    ```python
+    class RollingDisk(cdiff.models.MuJoCoModel):
+        def nonholonomic(self, t, q, v):
+            # The disk's material point at the contact, a radius below its centre
+            # (the radius is a parameter: the size of its cylinder geom), does not
+            # slide on the plane z = 0.
+            r = self.mjx_model.geom_size[0, 0]
+            centre = self.site_velocity(q, v, "centre")
+            omega = self.body_angular_velocity(q, v, "disk")
+            return (centre + jnp.cross(omega, jnp.array([0.0, 0.0, -r])))[:2]
+
+    model = cdiff.models.from_mujoco("disk.xml", cls=RollingDisk)
+    ```
+
+    Not simulated (from_mujoco warns and lists them in `ignored`): contacts,
+    joint and tendon limits, friction loss, control and force ranges,
+    inactive equalities.
+    """
+
+    mjx_model: Any
+    name: str = eqx.field(static=True)
+    nq: int = eqx.field(static=True)
+    nv: int = eqx.field(static=True)
+    nu: int = eqx.field(static=True)
+    joints: tuple[_Joint, ...] = eqx.field(static=True)
+    equalities: tuple[_Equality, ...] = eqx.field(static=True)
+    body_names: tuple[str, ...] = eqx.field(static=True)
+    site_names: tuple[str, ...] = eqx.field(static=True)
+    joint_names: tuple[str, ...] = eqx.field(static=True)
+    actuator_names: tuple[str, ...] = eqx.field(static=True)
+    keyframe_names: tuple[str, ...] = eqx.field(static=True)
+    #: Descriptions of what MuJoCo would simulate and cdiff does not.
+    ignored: tuple[str, ...] = eqx.field(static=True)
+    # Switches of MuJoCo's options, decided at load time: which actuators act, and
+    # whether gravity, its compensation and the passive forces are on.
+    _actuated: tuple[bool, ...] = eqx.field(static=True)
+    _gravity: bool = eqx.field(static=True)
+    _gravcomp: bool = eqx.field(static=True)
+    _passive: bool = eqx.field(static=True)
+
+    # -- MJX stages -----------------------------------------------------------------
+
+    def mjx_data(self, q, v=None):
+        """MJX's data at `(q, v)` after `mjx.kinematics`, `mjx.com_pos`,
+        `mjx.tendon`, `mjx.transmission`, `mjx.crb` and `mjx.tendon_armature`
+        (positions, Jacobians, the mass matrix) and, with `v`, `mjx.fwd_velocity`
+        (`qfrc_bias`, `qfrc_passive`).
+
+        **Arguments:**
+
+        - `q`: `qpos`, shape `(nq,)`.
+        - `v`: `qvel`, shape `(nv,)`, or `None`.
+
+        **Returns:** an `mjx.Data`.
+        """
+        return self._data(q, v, dynamics=True, inertia=True)
+
+    def _data(self, q, v=None, *, dynamics=False, inertia=False, tendon=False):
+        return _mjx_stages(self.mjx_model, q, v, dynamics=dynamics, inertia=inertia,
+                           tendon=tendon)
+
+    def _full_m(self, d):
+        _, mjx = _mujoco()
+        with jax.numpy_dtype_promotion("standard"):
+            return mjx.full_m(self.mjx_model, d)
+
+    # -- the model API --------------------------------------------------------------
+
+    def mass_matrix(self, t, q):
+        """MuJoCo's joint-space inertia (armature included), shape `(nv, nv)`."""
+        return self._full_m(self._data(q, inertia=True))
+
+    def forces(self, t, q, v):
+        """`qfrc_passive - qfrc_bias` plus the actuators' affine bias, shape
+        `(nv,)`."""
+        m = self.mjx_model
+        d = self._data(q, v)
+        qfrc = d.qfrc_passive - d.qfrc_bias
+        if self._gravcomp and np.any(m.jnt_actgravcomp):
+            # Gravity compensation that MuJoCo routes through the actuators.
+            routed = jnp.asarray(m.jnt_actgravcomp[m.dof_jntid], qfrc.dtype)
+            qfrc = qfrc + d.qfrc_gravcomp * routed
+        biased = np.asarray(self._actuated, bool) & (
+            m.actuator_biastype == _BIAS_AFFINE)
+        if np.any(biased):
+            moment = _impl(d).actuator_moment
+            prm = m.actuator_biasprm
+            bias = prm[:, 0] + prm[:, 1] * d.actuator_length + prm[:, 2] * (moment @ v)
+            qfrc = qfrc + moment.T @ jnp.where(biased, bias, 0.0)
+        return qfrc
+
+    def input_matrix(self, t, q):
+        """The actuators' moments times their gains, shape `(nv, nu)`: `ctrl`
+        enters as $E u$, without MuJoCo's `ctrlrange` clamping or force limits."""
+        m = self.mjx_model
+        if self.nu == 0:
+            return jnp.zeros((self.nv, 0), dtype=q.dtype)
+        d = self._data(q, dynamics=True)
+        gain = jnp.where(np.asarray(self._actuated, bool), m.actuator_gainprm[:, 0],
+                         0.0)
+        return _impl(d).actuator_moment.T * gain
+
+    def holonomic(self, t, q):
+        """The active equality constraints' residuals (MuJoCo's `efc_pos` rows of
+        type equality), shape `(m,)`."""
+        if not self.equalities:
+            return jnp.zeros((0,), dtype=q.dtype)
+        d = self._data(q, tendon=any(e.kind == "tendon" for e in self.equalities))
+        return jnp.concatenate([self._equality(d, q, e) for e in self.equalities])
+
+    def _equality(self, d, q, e: _Equality):
+        m = self.mjx_model
+        data = m.eq_data[e.index]
+        if e.kind in ("connect", "weld"):
+            # MuJoCo's engine_core_constraint.c: the weld's anchor of body 1 is
+            # data[3:6] and that of body 2 data[0:3]; the connect's the other way.
+            a1, a2 = (data[0:3], data[3:6]) if e.kind == "connect" else (data[3:6],
+                                                                          data[0:3])
+            if e.site:
+                p1, p2 = d.site_xpos[e.obj1], d.site_xpos[e.obj2]
+            else:
+                p1 = d.xmat[e.obj1] @ a1 + d.xpos[e.obj1]
+                p2 = d.xmat[e.obj2] @ a2 + d.xpos[e.obj2]
+            if e.kind == "connect":
+                return p1 - p2
+            if e.site:
+                b1, b2 = m.site_bodyid[e.obj1], m.site_bodyid[e.obj2]
+                q1 = _quat_mul(d.xquat[b1], m.site_quat[e.obj1])
+                q2 = _quat_mul(d.xquat[b2], m.site_quat[e.obj2])
+            else:
+                q1 = _quat_mul(d.xquat[e.obj1], data[6:10])  # relpose
+                q2 = d.xquat[e.obj2]
+            rot = _quat_mul(_quat_conj(q2), q1)[1:]
+            return jnp.concatenate([p1 - p2, rot * data[10]])  # torquescale
+        if e.kind == "joint":
+            adr = m.jnt_qposadr
+            x1 = q[adr[e.obj1]] - m.qpos0[adr[e.obj1]]
+            x2 = q[adr[e.obj2]] - m.qpos0[adr[e.obj2]] if e.obj2 >= 0 else None
+        else:  # tendon
+            x1 = d.ten_length[e.obj1] - m.tendon_length0[e.obj1]
+            x2 = (d.ten_length[e.obj2] - m.tendon_length0[e.obj2]
+                  if e.obj2 >= 0 else None)
+        poly = data[0]
+        if x2 is not None:
+            poly = poly + x2 * (data[1] + x2 * (data[2] + x2 * (data[3]
+                                                                + x2 * data[4])))
+        return (x1 - poly)[None]
+
+    def energy(self, t, q, v):
+        """Kinetic plus potential energy: $\\tfrac12 v^TMv$, gravity (less its
+        compensation), joint and tendon springs, as MuJoCo's `mj_energyPos` and
+        `mj_energyVel`."""
+        m = self.mjx_model
+        d = self._data(q, inertia=True)
+        energy = 0.5 * v @ self._full_m(d) @ v
+        if self._gravity:
+            mass = m.body_mass
+            if self._gravcomp:
+                mass = mass * (1 - m.body_gravcomp)
+            energy = energy - jnp.sum(mass[1:] * (d.xipos[1:] @ m.opt.gravity))
+        if self._passive:
+            for k, j in zip(m.jnt_stiffness, self.joints):
+                x, x0 = d.qpos[j.qposadr:], m.qpos_spring[j.qposadr:]
+                if j.type in (_SLIDE, _HINGE):
+                    energy = energy + 0.5 * k * (x[0] - x0[0]) ** 2
+                    continue
+                if j.type == _FREE:
+                    energy = energy + 0.5 * k * jnp.sum((x[:3] - x0[:3]) ** 2)
+                    x, x0 = x[3:], x0[3:]
+                # d.qpos holds the normalised quaternions (mjx.kinematics).
+                rel = _quat_mul(_quat_conj(x0[:4]), x[:4])
+                energy = energy + 0.5 * k * _rotation_angle_squared(rel)
+            if m.ntendon:
+                lower, upper = m.tendon_lengthspring[:, 0], m.tendon_lengthspring[:, 1]
+                length = d.ten_length
+                stretch = jnp.where(length > upper, length - upper,
+                                    jnp.where(length < lower, length - lower, 0.0))
+                energy = energy + 0.5 * jnp.sum(m.tendon_stiffness * stretch**2)
+        return energy
+
+    # -- coordinates with quaternions -----------------------------------------------
+
+    def position_rate(self, t, q, v):
+        r"""$\dot q = T(q)\,v$, shape `(nq,)`: `v` for hinge and slide joints,
+        $\tfrac12 q\otimes(0, \omega)$ for a ball joint (ω in the child frame, as
+        MuJoCo), the linear velocity (world frame) then that for a free joint. For
+        unit quaternions, the derivative of `integrate_position(q, h * v)` at
+        `h = 0`."""
+        if self.nq == self.nv:
+            return v
+        parts = []
+        for j in self.joints:
+            a, b = j.qposadr, j.dofadr
+            if j.type in (_SLIDE, _HINGE):
+                parts.append(v[b:b + 1])
+                continue
+            if j.type == _FREE:
+                parts.append(v[b:b + 3])
+                a, b = a + 3, b + 3
+            omega = jnp.concatenate([jnp.zeros((1,), v.dtype), v[b:b + 3]])
+            parts.append(0.5 * _quat_mul(q[a:a + 4], omega))
+        return jnp.concatenate(parts)
+
+    def integrate_position(self, q, dv):
+        r"""The configuration reached from `q` by the velocity-space displacement
+        `dv` (shape `(nv,)`) in unit time, as MuJoCo's `mj_integratePos` with
+        `dt = 1`: `q + dv` for hinge and slide joints, $\bar q\otimes\exp(\omega/2)$
+        ($\bar q$ normalised) for ball and free joints; smooth at `dv = 0`."""
+        if self.nq == self.nv:
+            return q + dv
+        parts = []
+        for j in self.joints:
+            a, b = j.qposadr, j.dofadr
+            if j.type in (_SLIDE, _HINGE):
+                parts.append(q[a:a + 1] + dv[b:b + 1])
+                continue
+            if j.type == _FREE:
+                parts.append(q[a:a + 3] + dv[b:b + 3])
+                a, b = a + 3, b + 3
+            quat = q[a:a + 4] / jnp.linalg.norm(q[a:a + 4])
+            parts.append(_quat_mul(quat, _quat_exp(dv[b:b + 3])))
+        return jnp.concatenate(parts)
+
+    # -- kinematic helpers ----------------------------------------------------------
+
+    def _id(self, kind: str, names: tuple[str, ...], name) -> int:
+        if isinstance(name, (int, np.integer)):
+            if not 0 <= name < len(names):
+                raise ValueError(f"{kind} id {name} out of range: {self.name} has "
+                                 f"{len(names)} {kind}s")
+            return int(name)
+        if name not in names:
+            known = ", ".join(repr(n) for n in names if n)
+            raise ValueError(f"no {kind} named {name!r} in {self.name} (named "
+                             f"{kind}s: {known or 'none'})")
+        return names.index(name)
+
+    def body_position(self, q, name):
+        """World position of a body's frame (MuJoCo's `xpos`), shape `(3,)`.
+        `name`: the body's name or id."""
+        return self._data(q).xpos[self._id("body", self.body_names, name)]
+
+    def body_rotation(self, q, name):
+        """World orientation of a body's frame (MuJoCo's `xmat`), shape `(3, 3)`."""
+        return self._data(q).xmat[self._id("body", self.body_names, name)]
+
+    def site_position(self, q, name):
+        """World position of a site (MuJoCo's `site_xpos`), shape `(3,)`."""
+        return self._data(q).site_xpos[self._id("site", self.site_names, name)]
+
+    def site_rotation(self, q, name):
+        """World orientation of a site (MuJoCo's `site_xmat`), shape `(3, 3)`."""
+        return self._data(q).site_xmat[self._id("site", self.site_names, name)]
+
+    def _rate(self, f, q, v):
+        """The derivative of `f(q)` along $\\dot q = T(q)\\,v$, and `f(q)`."""
+        value, rate = jax.jvp(f, (q,), (self.position_rate(0.0, q, v),))
+        return rate, value
+
+    def _jacobian(self, velocity, q):
+        eye = jnp.eye(self.nv, dtype=q.dtype)
+        return jax.vmap(lambda e: velocity(q, e), out_axes=1)(eye)
+
+    def site_velocity(self, q, v, name):
+        """World linear velocity of a site, shape `(3,)`."""
+        return self._rate(lambda q: self.site_position(q, name), q, v)[0]
+
+    def body_angular_velocity(self, q, v, name):
+        """World angular velocity of a body, shape `(3,)`."""
+        rate, rot = self._rate(lambda q: self.body_rotation(q, name), q, v)
+        return _vee(rate @ rot.T)
+
+    def site_jacobian(self, q, name):
+        """Translational Jacobian of a site (MuJoCo's `mj_jacSite`), shape
+        `(3, nv)`: `site_velocity(q, v, name) = site_jacobian(q, name) @ v`."""
+        return self._jacobian(lambda q, v: self.site_velocity(q, v, name), q)
+
+    def body_angular_jacobian(self, q, name):
+        """Rotational Jacobian of a body (MuJoCo's `mj_jacBody`), shape `(3, nv)`:
+        `body_angular_velocity(q, v, name) = body_angular_jacobian(q, name) @ v`."""
+        return self._jacobian(lambda q, v: self.body_angular_velocity(q, v, name), q)
+
+    # -- state and parameters -------------------------------------------------------
+
+    def initial_state(self):
+        """`(q0, v0)`: the first keyframe's `qpos` and `qvel` if the model has one,
+        else `qpos0` and zero velocities. Not projected onto the constraints: warns
+        (`UserWarning`) when they are violated by more than 1e-6."""
+        m = self.mjx_model
+        if m.nkey:
+            q0 = jnp.asarray(m.key_qpos[0], dtype=m.qpos0.dtype)
+            v0 = jnp.asarray(m.key_qvel[0], dtype=m.qpos0.dtype)
+            label = (f"keyframe {self.keyframe_names[0]!r}" if self.keyframe_names[0]
+                     else "keyframe 0")
+        else:
+            q0, v0 = m.qpos0, jnp.zeros(self.nv, dtype=m.qpos0.dtype)
+            label = "qpos0 (the model has no keyframe)"
+        if self.equalities and not isinstance(q0, jax.core.Tracer):
+            residual = np.abs(np.asarray(eqx.filter_jit(self.holonomic)(0.0, q0)))
+            if residual.size and residual.max() > 1e-6:
+                row = int(residual.argmax())
+                labels = [e.label for e in self.equalities for _ in range(e.rows)]
+                warnings.warn(
+                    f"{self.name}: {label} violates the equality constraints by "
+                    f"{residual.max():.3g} (largest residual, {labels[row]}); "
+                    f"project it onto the constraints before simulating",
+                    UserWarning, stacklevel=2)
+        return q0, v0
+
+    def tree_replace(self, params: dict[str, Any]) -> MuJoCoModel:
+        """A copy with parameters of `mjx_model` replaced, by dotted name (as
+        `mjx.Model.tree_replace`): `{"body_mass": masses, "opt.gravity": g}`.
+
+        **Raises:** `TypeError` for a static field, `ValueError` for an unknown
+        field or a change of shape.
+        """
+        for key, value in params.items():
+            old = self.mjx_model
+            for part in key.split("."):
+                if not hasattr(old, part):
+                    raise ValueError(f"mjx.Model has no field {key!r}")
+                old = getattr(old, part)
+            if not isinstance(old, jax.Array):
+                raise TypeError(f"{key!r} is static in mjx.Model, not a parameter: "
+                                f"load a modified model instead")
+            if jnp.shape(value) != old.shape:
+                raise ValueError(f"{key!r} has shape {old.shape}, got "
+                                 f"{jnp.shape(value)}")
+        return eqx.tree_at(lambda s: s.mjx_model, self,
+                           self.mjx_model.tree_replace(params))
+
+
+# -- loading ------------------------------------------------------------------------
+
+
+def _load(source):
+    mujoco, _ = _mujoco()
+    if isinstance(source, mujoco.MjModel):
+        return source
+    if isinstance(source, mujoco.MjSpec):
+        try:
+            return source.compile()
+        except Exception as e:  # MuJoCo raises ValueError, or others
+            raise ValueError(f"MuJoCo could not compile the MjSpec: {e}") from e
+    if isinstance(source, str) and source.lstrip().startswith("<"):
+        try:
+            return mujoco.MjModel.from_xml_string(source)
+        except Exception as e:
+            raise ValueError(f"MuJoCo could not load the XML string: {e}") from e
+    if isinstance(source, (str, os.PathLike)):
+        path = os.fspath(source)
+        if not os.path.isfile(path):
+            raise ValueError(f"no such MuJoCo model file: {path!r}")
+        try:
+            return mujoco.MjModel.from_xml_path(path)
+        except Exception as e:
+            raise ValueError(f"MuJoCo could not load {path!r}: {e}") from e
+    raise TypeError(
+        "from_mujoco expects an MJCF or URDF path, an XML string, a mujoco.MjModel "
+        f"or a mujoco.MjSpec; got {type(source).__name__}"
+    )
+
+
+def _names(mujoco, m, obj, n):
+    return tuple(mujoco.mj_id2name(m, obj, i) or "" for i in range(n))
+
+
+def _labels(kind, names, ids):
+    return [f"{kind} {names[i]!r}" if names[i] else f"{kind} {i}" for i in ids]
+
+
+def _field(m, name, n):
+    """`m.name`, or `n` zeros where this version of MuJoCo does not have it."""
+    return getattr(m, name, np.zeros(n))
+
+
+def _nonzero_rows(a):
+    """Whether each row of `a` (any shape) has a nonzero entry."""
+    a = np.asarray(a)
+    return (a != 0).reshape(a.shape[0], -1).any(axis=1) if a.size \
+        else np.zeros(a.shape[0], bool)
+
+
+def _contact_pairs(mujoco, m, geom_labels):
+    """MuJoCo's candidate contacts: explicit `<pair>`s and the geom pairs that
+    pass its contype/conaffinity, weld, parent and `<exclude>` filters."""
+    pairs = _labels("pair", _names(mujoco, m, mujoco.mjtObj.mjOBJ_PAIR, m.npair),
+                    range(m.npair))
+    ct, ca = m.geom_contype, m.geom_conaffinity
+    ok = ((ct[:, None] & ca[None, :]) | (ca[:, None] & ct[None, :])) != 0
+    ok &= np.triu(np.ones_like(ok), 1).astype(bool)
+    body = m.geom_bodyid
+    weld = m.body_weldid[body]
+    ok &= weld[:, None] != weld[None, :]
+    if not m.opt.disableflags & mujoco.mjtDisableBit.mjDSBL_FILTERPARENT:
+        parent = m.body_weldid[m.body_parentid[weld]]
+        related = ((weld[:, None] == parent[None, :])
+                   | (parent[:, None] == weld[None, :]))
+        ok &= ~(related & (weld[:, None] != 0) & (weld[None, :] != 0))
+    lo, hi = np.minimum.outer(body, body), np.maximum.outer(body, body)
+    ok &= ~np.isin((lo << 16) + hi, m.exclude_signature)
+    g1, g2 = m.pair_geom1, m.pair_geom2  # listed above as pairs
+    ok[np.minimum(g1, g2), np.maximum(g1, g2)] = False
+    return pairs + [f"{geom_labels[i]} / {geom_labels[j]}"
+                    for i, j in zip(*np.nonzero(ok))]
+
+
+def _check(mujoco, m) -> tuple[list[str], list[str]]:
+    """`(refused, ignored)`: what cdiff cannot represent, and what MuJoCo would
+    simulate but cdiff does not (inequality constraints, control clamping)."""
+    obj, dis = mujoco.mjtObj, mujoco.mjtDisableBit
+    flags = m.opt.disableflags
+    label = {kind: _labels(kind, _names(mujoco, m, o, n), range(n)) for kind, o, n in (
+        ("joint", obj.mjOBJ_JOINT, m.njnt), ("tendon", obj.mjOBJ_TENDON, m.ntendon),
+        ("actuator", obj.mjOBJ_ACTUATOR, m.nu), ("equality", obj.mjOBJ_EQUALITY, m.neq),
+        ("geom", obj.mjOBJ_GEOM, m.ngeom), ("flex", obj.mjOBJ_FLEX, m.nflex),
+        ("plugin", obj.mjOBJ_PLUGIN, m.nplugin))}
+    refused, ignored = [], []
+
+    def listed(kind, which):
+        """The labels of the objects of `kind` selected by a mask or indices."""
+        which = np.asarray(which)
+        ids = np.nonzero(which)[0] if which.dtype == bool else np.unique(which)
+        return [label[kind][i] for i in ids]
+
+    def refuse(what, kind, which):
+        if names := listed(kind, which):
+            refused.append(f"{what}: {', '.join(names)}")
+
+    def ignore(what, names):
+        if names:
+            ignored.append(f"{what}: {', '.join(names)}")
+
+    if bool(flags & dis.mjDSBL_SPRING) != bool(flags & dis.mjDSBL_DAMPER):
+        refused.append("option flag spring or damper disabled alone (MJX then drops "
+                       "every passive force, MuJoCo only the disabled ones)")
+    refuse("flexes", "flex", np.ones(m.nflex, bool))
+    refuse("plugins", "plugin", np.ones(m.nplugin, bool))
+    eq_on = not flags & (dis.mjDSBL_EQUALITY | dis.mjDSBL_CONSTRAINT)
+    active = m.eq_active0.astype(bool) & eq_on
+    refuse("equality constraints other than connect, weld, joint and tendon",
+           "equality", active & ~np.isin(m.eq_type, list(_EQ_KINDS)))
+    # An equality to a mocap body constrains to a pose set at run time.
+    mocap = m.body_mocapid >= 0
+    frames = np.isin(m.eq_type, [_CONNECT, _WELD])
+    on_site = m.eq_objtype == _OBJ_SITE
+    on_mocap = np.zeros(m.neq, bool)
+    for ids in (m.eq_obj1id, m.eq_obj2id):
+        bodies = np.clip(ids, 0, None)
+        if m.nsite:
+            bodies = np.where(on_site, m.site_bodyid[np.clip(ids, 0, m.nsite - 1)],
+                              bodies)
+        on_mocap |= frames & mocap[bodies]
+    refuse("equality constraints to mocap bodies (moved at run time)", "equality",
+           active & on_mocap)
+
+    gain, bias = m.actuator_gaintype, m.actuator_biastype
+    refuse("actuators with a slider-crank or body transmission (not in MJX)",
+           "actuator", ~np.isin(m.actuator_trntype, [_TRN_JOINT, _TRN_JOINTINPARENT,
+                                                     _TRN_SITE, _TRN_TENDON]))
+    refuse("actuators with activation dynamics", "actuator",
+           m.actuator_dyntype != _DYN_NONE)
+    refuse("actuators whose gain is not fixed", "actuator", gain != _GAIN_FIXED)
+    refuse("actuators whose bias is not affine", "actuator",
+           ~np.isin(bias, [_BIAS_NONE, _BIAS_AFFINE]))
+    for field in ("damping", "dampingpoly", "armature", "delay"):
+        refuse(f"actuators with {field} (not in MJX)", "actuator",
+               _nonzero_rows(_field(m, f"actuator_{field}", m.nu)))
+    # MJX wraps the setpoint of servos on ball joints and rotational sites.
+    servo = ((gain == _GAIN_FIXED) & (bias == _BIAS_AFFINE)
+             & (m.actuator_gainprm[:, 0] == -m.actuator_biasprm[:, 1]))
+    on_joint = np.isin(m.actuator_trntype, [_TRN_JOINT, _TRN_JOINTINPARENT])
+    on_ball = on_joint & (m.jnt_type[np.clip(m.actuator_trnid[:, 0], 0, None)]
+                          == _BALL) if m.njnt else on_joint
+    on_ref_site = ((m.actuator_trntype == _TRN_SITE)
+                   & (m.actuator_trnid[:, 1] >= 0)
+                   & np.all(m.actuator_gear[:, :3] == 0, axis=1))
+    refuse("servos with a wrapped setpoint (ball joint or rotational site)",
+           "actuator", servo & (on_ball | on_ref_site))
+    refuse("joints with polynomial stiffness (not in MJX)", "joint",
+           _nonzero_rows(_field(m, "jnt_stiffnesspoly", m.njnt)))
+    refuse("joints with polynomial damping (not in MJX)", "joint",
+           m.dof_jntid[_nonzero_rows(_field(m, "dof_dampingpoly", m.nv))])
+    # MJX's dense M couples the trees, MuJoCo's sparse M cannot: they disagree.
+    refuse("tendons with armature that span several kinematic trees", "tendon",
+           (_field(m, "tendon_armature", m.ntendon) > 0)
+           & (_field(m, "tendon_treenum", m.ntendon) > 1))
+    refuse("tendons with polynomial stiffness or damping (not in MJX)", "tendon",
+           _nonzero_rows(_field(m, "tendon_stiffnesspoly", m.ntendon))
+           | _nonzero_rows(_field(m, "tendon_dampingpoly", m.ntendon)))
+    if m.opt.density > 0 or m.opt.viscosity > 0:
+        refuse("geoms with the ellipsoid fluid model (not in MJX)", "geom",
+               m.geom_fluid[:, 0] > 0)
+
+    constraints = not flags & dis.mjDSBL_CONSTRAINT
+    if constraints and not flags & dis.mjDSBL_CONTACT:
+        ignore("contacts", _contact_pairs(mujoco, m, label["geom"]))
+    if constraints and not flags & dis.mjDSBL_LIMIT:
+        ignore("joint limits", listed("joint", m.jnt_limited.astype(bool)))
+        ignore("tendon limits", listed("tendon", m.tendon_limited.astype(bool)))
+    if constraints and not flags & dis.mjDSBL_FRICTIONLOSS:
+        ignore("friction loss", listed("joint", m.dof_jntid[m.dof_frictionloss > 0])
+               + listed("tendon", m.tendon_frictionloss > 0))
+    if not flags & dis.mjDSBL_ACTUATION:
+        if not flags & dis.mjDSBL_CLAMPCTRL:
+            ignore("control ranges", listed("actuator",
+                                            m.actuator_ctrllimited.astype(bool)))
+        ignore("actuator force ranges",
+               listed("actuator", m.actuator_forcelimited.astype(bool)))
+        ignore("joint actuator-force ranges",
+               listed("joint", m.jnt_actfrclimited.astype(bool)))
+        ignore("tendon actuator-force ranges",
+               listed("tendon", m.tendon_actfrclimited.astype(bool)))
+    if eq_on:
+        ignore("inactive equality constraints (eq_active0 = false)",
+               listed("equality", ~active))
+    return refused, ignored
+
+
+def _mjx_copy(mujoco, m):
+    """A copy of `m` that MJX loads whatever its collision geometry and options:
+    cdiff needs neither collisions nor MuJoCo's integrator and solver."""
+    c = copy.copy(m)
+    c.geom_contype[:] = 0
+    c.geom_conaffinity[:] = 0
+    c.opt.disableflags |= mujoco.mjtDisableBit.mjDSBL_CONTACT
+    c.opt.enableflags = 0
+    c.opt.integrator = mujoco.mjtIntegrator.mjINT_EULER
+    c.opt.solver = mujoco.mjtSolver.mjSOL_NEWTON
+    return c
+
+
+def from_mujoco(source, *, cls: type[MuJoCoModel] = MuJoCoModel,
+                **fields) -> MuJoCoModel:
+    """Load a MuJoCo model as a [`cdiff.models.MuJoCoModel`][].
+
+    **Arguments:**
+
+    - `source`: the path of an MJCF or URDF file, an MJCF string (a `str` starting
+      with `<`), a `mujoco.MjModel` or a `mujoco.MjSpec` (compiled here).
+    - `cls`: the class to build, a subclass of `MuJoCoModel` that adds
+      constraints; `fields`: the values of the fields that it adds.
+
+    **Returns:** the model, with the MJX model's arrays as float64 leaves when
+    `jax_enable_x64` is set.
+
+    **Raises:** `ValueError` for a file that does not exist or does not load
+    (quoting MuJoCo's message), and for elements that cdiff cannot represent
+    (flexes, plugins, actuators with activation dynamics or non-fixed gains,
+    equality constraints other than connect, weld, joint and tendon, ...), each
+    named. Warns (one `UserWarning` listing them by name) about what MuJoCo
+    simulates as inequality constraints or clamping and cdiff does not: contacts,
+    joint and tendon limits, friction loss, control and force ranges.
+    """
+    if not (isinstance(cls, type) and issubclass(cls, MuJoCoModel)):
+        raise TypeError(f"cls must be a subclass of MuJoCoModel, got {cls!r}")
+    mujoco, mjx = _mujoco()
+    m = _load(source)
+    # The model's name is the first of MuJoCo's names.
+    label = m.names.split(b"\0", 1)[0].decode() or "MuJoCo model"
+    refused, ignored = _check(mujoco, m)
+    if refused:
+        raise ValueError(f"cdiff cannot represent these elements of {label}: "
+                         + "; ".join(refused))
+    try:
+        mx = mjx.put_model(_mjx_copy(mujoco, m))
+    except NotImplementedError as e:
+        raise ValueError(f"MJX cannot load {label}: {e}") from e
+    if ignored:
+        warnings.warn(f"{label}: not simulated by cdiff (MuJoCo treats them as "
+                      f"inequality constraints or clamps): " + "; ".join(ignored),
+                      UserWarning, stacklevel=2)
+
+    obj, dis = mujoco.mjtObj, mujoco.mjtDisableBit
+    flags = m.opt.disableflags
+    eq_names = _names(mujoco, m, obj.mjOBJ_EQUALITY, m.neq)
+    equalities = []
+    if not flags & (dis.mjDSBL_EQUALITY | dis.mjDSBL_CONSTRAINT):
+        for i in np.nonzero(m.eq_active0)[0]:
+            kind, rows = _EQ_KINDS[int(m.eq_type[i])]
+            equalities.append(_Equality(
+                _labels(f"{kind} equality", eq_names, [i])[0], kind, int(i),
+                int(m.eq_obj1id[i]), int(m.eq_obj2id[i]),
+                bool(m.eq_objtype[i] == _OBJ_SITE), rows))
+    actuation = not flags & dis.mjDSBL_ACTUATION
+    # MuJoCo's option disableactuator: a bit per actuator group 0 to 30.
+    actuated = tuple(bool(actuation and not (0 <= g <= 30
+                                             and (m.opt.disableactuator >> g) & 1))
+                     for g in m.actuator_group)
+    # _check refuses springs or dampers disabled alone.
+    passive = not flags & dis.mjDSBL_SPRING
+    gravity = not flags & dis.mjDSBL_GRAVITY
+    return cls(
+        **fields,
+        mjx_model=mx,
+        name=label,
+        nq=int(m.nq),
+        nv=int(m.nv),
+        nu=int(m.nu),
+        joints=tuple(_Joint(int(t), int(a), int(b)) for t, a, b in
+                     zip(m.jnt_type, m.jnt_qposadr, m.jnt_dofadr)),
+        equalities=tuple(equalities),
+        body_names=_names(mujoco, m, obj.mjOBJ_BODY, m.nbody),
+        site_names=_names(mujoco, m, obj.mjOBJ_SITE, m.nsite),
+        joint_names=_names(mujoco, m, obj.mjOBJ_JOINT, m.njnt),
+        actuator_names=_names(mujoco, m, obj.mjOBJ_ACTUATOR, m.nu),
+        keyframe_names=_names(mujoco, m, obj.mjOBJ_KEY, m.nkey),
+        ignored=tuple(ignored),
+        _actuated=actuated,
+        _gravity=bool(gravity),
+        _gravcomp=bool(m.ngravcomp and gravity and passive),
+        _passive=bool(passive),
+    )
