@@ -465,12 +465,13 @@ def _run(args, parser) -> int:
     return 0
 
 
-def _animation_path(args, parser, model, name: str) -> Path | None:
+def _animation_path(args, parser, model, name: str | None = None) -> Path | None:
     """Where `--animate` asks for the animation (`None` without it): DIR/MODEL.gif,
     or the path given; `parser.error` before the run for a model without a sketch,
     another suffix than .gif or .mp4, or .mp4 without ffmpeg."""
     if args.animate is None:
         return None
+    name = args.model if name is None else name
     path = args.out / f"{name}.gif" if args.animate is True else args.animate
     try:
         return check_animation_target(model, path)

@@ -195,9 +195,10 @@ def test_andrews_file_has_hairer_wanners_equations():
 # -- through cdiff.models.from_mujoco and cdiff.simulate -----------------------------
 
 # Tracing and compiling one simulation of a from_mujoco model costs 25 s (A01) to
-# 150 s (A03) here, against a few seconds for a hand-written model: the tests of R2,
-# R4 and A03 below are marked slow. A02 and A04 (10 minutes and more) are run by
-# cdiff.models._library.acceptance instead.
+# 150 s (A03) here, against a few seconds for a hand-written model: R2's test is
+# marked slow, R4's and A03's `acceptance` (outside the default run: `pytest -m
+# acceptance`; the files themselves are checked against their references above).
+# A02 and A04 (10 minutes and more) are run by cdiff.models._library.acceptance.
 
 
 @functools.cache
@@ -248,7 +249,7 @@ def test_mjcf_slider_crank_is_braun_goldfarbs():
     assert np.abs(sol.q[1:] - ref.q).max() < 5e-11
 
 
-@pytest.mark.slow
+@pytest.mark.acceptance
 def test_mjcf_double_four_bar_is_braun_goldfarbs():
     """R4 from double_four_bar.xml and the hand-written cdiff.models.DoubleFourBar,
     both solved tightly: the same crank angle and third joint, and the exact
@@ -283,7 +284,7 @@ def test_mjcf_simple_pendulum():
     assert float(sol.max_energy_error) < 1e-11
 
 
-@pytest.mark.slow
+@pytest.mark.acceptance
 def test_mjcf_andrews_squeezer():
     """IFToMM A03 with RK4 at the suggested step to 0.03 s: the seven angles
     against the IVP test set's published values, and the energy balance."""
