@@ -1,6 +1,7 @@
-"""Reference mechanisms of the papers (REFERENCE.md), each with its paper's
+"""Reference mechanisms of the papers (R1-R8 in the README), each with its paper's
 parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` and an
-`observable(q)` (the quantity its paper compares with the reference)."""
+`observable(q)` (the quantity its paper compares with the reference); the shipped
+MJCF mechanisms (`MJCF_LIBRARY`) and `from_mujoco` for MuJoCo models."""
 
 from ._double_four_bar import DoubleFourBar as DoubleFourBar
 from ._library import MJCF_DIR as MJCF_DIR

@@ -22,7 +22,7 @@ def _direction(lat, lon):
 class RollingSphere(AbstractModel):
     r"""A sphere (mass `m`, radius `r`, $I = \tfrac25 mr^2$) rolling without slipping
     on the outside of a fixed sphere of radius `R`, without gravity
-    (Yun & Sarkar, Sec. V-A, eqs. 40-45 and Figs. 1-3; REFERENCE.md R6).
+    (Yun & Sarkar, Sec. V-A, eqs. 40-45 and Figs. 1-3; reference mechanism R6).
 
     **Coordinates** $q = [\rho, \lambda, \mu, \phi, \theta, \psi]$: the small
     sphere's centre $p = \rho\,u(\lambda, \mu)$,

@@ -16,7 +16,7 @@ from ._reference import Reference, solve_minimal
 class Snakeboard(AbstractModel):
     r"""The snakeboard: a coupler with a rotor and two steerable wheel boards that
     cannot slip sideways (Terze, Naudet & Lefeber 2003, Sec. 6, eqs. 28-29,
-    Figs. 3-7; REFERENCE.md R7).
+    Figs. 3-7; reference mechanism R7).
 
     Coordinates $q = [x, y, \theta, \psi, \phi_b, \phi_f]$: the coupler's centre of
     mass, its heading, and the rotor, back and front wheel-board angles *relative
@@ -24,7 +24,7 @@ class Snakeboard(AbstractModel):
     $T = \tfrac12 m(\dot x^2 + \dot y^2) + \tfrac12 J\dot\theta^2
     + \tfrac12 J_r(\dot\theta + \dot\psi)^2
     + \tfrac12 J_w[(\dot\theta + \dot\phi_b)^2 + (\dot\theta + \dot\phi_f)^2]$,
-    i.e. the constant mass matrix of eq. 28 / REFERENCE.md,
+    i.e. the constant mass matrix of eq. 28,
 
     $M = \begin{bmatrix} m & 0 & 0 & 0 & 0 & 0 \\ 0 & m & 0 & 0 & 0 & 0 \\
     0 & 0 & J + J_r + 2J_w & J_r & J_w & J_w \\ 0 & 0 & J_r & J_r & 0 & 0 \\
