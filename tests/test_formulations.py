@@ -1,5 +1,6 @@
 """Accuracy of the formulations against exact references (Braun-Goldfarb Sec. 4)."""
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -246,3 +247,26 @@ def test_control_enters_through_the_input_matrix():
         exact = solve_ivp(rhs, (0, 2), [0.0, model.speed / model.rho], rtol=1e-12,
                           atol=1e-12, method="DOP853").y[0, -1]
         assert abs(float(phi) - np.arctan2(np.sin(exact), np.cos(exact))) < 1e-8
+
+
+# --- diffrax's adaptive solvers, explicit and implicit --------------------------
+
+
+@pytest.mark.parametrize("solver", [diffrax.Tsit5(), diffrax.Kvaerno5()],
+                         ids=["Tsit5", "Kvaerno5"])
+def test_adaptive_diffrax_solvers(solver):
+    """An adaptive explicit and an adaptive implicit diffrax solver through
+    `simulate`, against R2's exact eq. 24. Implicit solvers read their root
+    finder's tolerances through cdiff's solver wrappers (they used to fail with
+    "'FrozenStep' object has no attribute 'root_finder'")."""
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    sol = cdiff.simulate(
+        model, cdiff.Lagrange(), q0, v0, t1=1.0, dt=1e-3, solver=solver,
+        stepsize_controller=diffrax.PIDController(rtol=1e-8, atol=1e-8),
+        saveat=cdiff.SaveAt(ts=jnp.linspace(0.1, 1.0, 10)))
+    assert sol.message == ""
+    ref = model.reference(sol.ts)
+    err = _max(model.slider(sol.q) - model.slider(ref.q))
+    # Measured 1.3e-8 (Tsit5), 9.6e-10 (Kvaerno5).
+    assert err < {"Tsit5": 1e-7, "Kvaerno5": 1e-8}[type(solver).__name__], err

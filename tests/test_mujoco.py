@@ -6,7 +6,6 @@ function (module-scoped fixtures) and the tests read its results.
 """
 
 import contextlib
-import functools
 import io
 import subprocess
 import sys
@@ -17,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import mjx_jit
 
 mujoco = pytest.importorskip("mujoco")
 with contextlib.redirect_stdout(io.StringIO()):  # MJX's notice about Warp
@@ -139,22 +139,6 @@ DISK = """
 """
 
 
-@functools.cache
-def _compiler_options():
-    """XLA CPU options that compile MJX's thousands of scalar operations 2-3 times
-    faster (each test program runs once, briefly); none where not supported."""
-    options = {"xla_cpu_use_fusion_emitters": False,
-               "xla_backend_optimization_level": 0}
-    try:
-        jax.jit(lambda x: x + 1, compiler_options=options).lower(1.0).compile()
-    except Exception:  # noqa: BLE001 - another backend or XLA version
-        return {}
-    return options
-
-
-def _jit(fn):
-    """`jax.jit` with `_compiler_options()`, for the tests' top-level programs."""
-    return jax.jit(fn, compiler_options=_compiler_options())
 
 
 def _random_state(m, seed):
@@ -172,7 +156,7 @@ def _random_state(m, seed):
 # -- the sink against the C engine ----------------------------------------------------
 
 
-@_jit
+@mjx_jit
 def _evaluate_sink(model, q, v, h):
     t = jnp.zeros((), q.dtype)
     zero = jnp.zeros_like(v)
@@ -328,7 +312,7 @@ def test_jit_vmap_grad():
     def norm2(M, F, H):
         return jnp.sum(M * M) + jnp.sum(F * F) + jnp.sum(H * H)
 
-    @_jit
+    @mjx_jit
     def run(mass, pos, h):
         # The right pendulum's mass and height, perturbed by +-h, and its mass doubled.
         masses = jnp.stack([mass, mass.at[2].add(h), mass.at[2].add(-h), mass, mass,
@@ -365,7 +349,7 @@ def test_jit_vmap_grad():
 # -- simulation of a closed loop ------------------------------------------------------
 
 
-@_jit
+@mjx_jit
 def _four_bar_run(model, q0, v0):
     """The trajectory (Solution's diagnostics, unused, are compiled away) and, at
     every step, max |Phi_q|, max |dPhi_q/dt| and the energy."""
@@ -412,7 +396,7 @@ def test_rolling_disk_subclass():
     assert isinstance(model, RollingDisk)
     q = jnp.array([0.3, -0.2, 0.7, 1.1])
     v = jnp.array([0.4, -0.3, 0.9, 2.0])
-    slip = _jit(lambda model, q, v: model.nonholonomic(0.0, q, v))(model, q, v)
+    slip = mjx_jit(lambda model, q, v: model.nonholonomic(0.0, q, v))(model, q, v)
     # Rolling: x' = r spin' cos(heading), y' = r spin' sin(heading).
     expected = v[:2] - 0.5 * v[3] * jnp.array([jnp.cos(q[2]), jnp.sin(q[2])])
     assert np.abs(slip - expected).max() < 4e-15  # measured 2e-16

@@ -34,6 +34,13 @@ class AbstractForwardingSolver(diffrax.AbstractWrappedSolver):
         # see through the wrapper); `simulate` sets it on the innermost solver.
         return getattr(self.solver, "scan_kind", "lax") or "lax"
 
+    @property
+    def root_finder(self):
+        # diffrax reads (and, with an adaptive controller, sets through `tree_at`)
+        # the root finder's tolerances on any solver that passes its implicit-solver
+        # `isinstance` check, which sees through the wrapper.
+        return self.solver.root_finder
+
     def order(self, terms):
         return self.solver.order(terms)
 

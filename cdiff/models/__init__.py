@@ -1,12 +1,14 @@
 """Reference mechanisms of the papers (R1-R8 in the README), each with its paper's
 parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` and an
 `observable(q)` (the quantity its paper compares with the reference); the shipped
-MJCF mechanisms (`MJCF_LIBRARY`) and `from_mujoco` for MuJoCo models."""
+MJCF mechanisms (`MJCF_LIBRARY`, measured by `acceptance`) and `from_mujoco` for
+MuJoCo models."""
 
 from ._double_four_bar import DoubleFourBar as DoubleFourBar
 from ._library import MJCF_DIR as MJCF_DIR
 from ._library import MJCF_LIBRARY as MJCF_LIBRARY
 from ._library import MJCFMechanism as MJCFMechanism
+from ._library import acceptance as acceptance
 from ._library import mjcf_path as mjcf_path
 from ._mujoco import MuJoCoModel as MuJoCoModel
 from ._mujoco import from_mujoco as from_mujoco

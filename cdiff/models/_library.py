@@ -5,6 +5,8 @@ values, or the conservation laws the benchmark checks."""
 from __future__ import annotations
 
 import dataclasses
+import functools
+import math
 from collections.abc import Callable
 from pathlib import Path
 
@@ -13,7 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._double_four_bar import DoubleFourBar
-from ._reference import Reference, solve_minimal
+from ._reference import Reference, _require_x64, solve_minimal
 from ._slider_crank import SliderCrank
 
 #: The folder of the shipped MJCF files.
@@ -219,6 +221,172 @@ def andrews_squeezer_reference(ts=(A03_T,)) -> Reference:
     return Reference(jnp.asarray(ts), jnp.asarray(q)[None], jnp.asarray(v)[None])
 
 
+# --------------------------------------------------------------------------- A05
+
+# The stiff flyball governor, flyball_governor.xml, in SI units: the benchmark's
+# prismatic bodies of density 3000 kg/m^3 (shaft and rods 1 x 0.01 x 0.01 m, 0.3 kg;
+# slider a 0.1 m cube, 3 kg), 5 kg point masses, spring-dampers K, C, rest length.
+A05_K, A05_C, A05_REST = 8e5, 4e4, 0.5
+_A05_M_SHAFT, _A05_M_SLIDER, _A05_M_ROD, _A05_M_BALL = 0.3, 3.0, 0.3, 5.0
+_A05_I_SHAFT = _A05_M_SHAFT * (0.01**2 + 0.01**2) / 12  # about its axis
+_A05_I_AXIAL = _A05_M_ROD * (0.01**2 + 0.01**2) / 12  # a rod about its axis
+_A05_I_TRANSVERSE = _A05_M_ROD * (1.0 + 0.01**2) / 12  # a rod across it
+_A05_I_SLIDER = _A05_M_SLIDER * (0.1**2 + 0.1**2) / 12
+_A05_I_BALL = 1e-12  # the point masses' own inertia in the file (MuJoCo needs one)
+_A05_HINGE = 0.05  # hinges and spring anchors at +-0.05 m from the axis
+#: The benchmark's start, `qpos` and `qvel` of the file's keyframe: s = 0.5 m,
+#: alpha = 30 degrees, the shaft at 2 pi rad/s.
+A05_Q0 = (0.0, 0.5, np.pi / 6, np.pi / 6)
+A05_V0 = (2 * np.pi, 0.0, 0.0, 0.0)
+
+
+def _a05_terms(q, v):
+    """The diagonal of the mass matrix and the forces of the reduction (see
+    `flyball_governor_equations`), as tuples of floats."""
+    _, s, *alphas = (float(x) for x in q)
+    phid, sd, *alphads = (float(x) for x in v)
+    m_phi = _A05_I_SHAFT + _A05_I_SLIDER  # the shaft and the slider about the axis
+    f_phi = 0.0
+    f_s = -_A05_M_SLIDER * _G
+    f_alpha = []
+    for a, ad in zip(alphas, alphads):
+        c, sn = math.cos(a), math.sin(a)
+        r_rod, r_ball = _A05_HINGE + 0.5 * c, _A05_HINGE + c  # distances to the axis
+        m_phi += (_A05_I_AXIAL * sn**2 + _A05_I_TRANSVERSE * c**2
+                  + _A05_M_ROD * r_rod**2 + _A05_M_BALL * r_ball**2 + _A05_I_BALL)
+        dm_phi = (2 * (_A05_I_AXIAL - _A05_I_TRANSVERSE) * sn * c
+                  - _A05_M_ROD * r_rod * sn - 2 * _A05_M_BALL * r_ball * sn)
+        # The spring from the slider's anchor (radius 0.05, height s) to the rod's
+        # midpoint (radius 0.05 + cos(alpha)/2, height 1 - sin(alpha)/2).
+        dx, dz = 0.5 * c, 1.0 - s - 0.5 * sn
+        length = math.hypot(dx, dz)
+        dl_ds = -dz / length
+        dl_da = -0.5 * (dx * sn + dz * c) / length
+        tension = A05_K * (length - A05_REST) + A05_C * (dl_ds * sd + dl_da * ad)
+        f_phi -= dm_phi * ad * phid
+        f_s -= tension * dl_ds
+        f_alpha.append(0.5 * dm_phi * phid**2
+                       + _G * c * (0.5 * _A05_M_ROD + _A05_M_BALL) - tension * dl_da)
+    m_alpha = _A05_I_TRANSVERSE + 0.25 * _A05_M_ROD + _A05_M_BALL + _A05_I_BALL
+    return (m_phi, _A05_M_SLIDER, m_alpha, m_alpha), (f_phi, f_s, *f_alpha)
+
+
+def flyball_governor_equations(q, v):
+    r"""IFToMM A05's equations of motion $M(q)\ddot q = f(q, \dot q)$ in the
+    coordinates of `flyball_governor.xml`, derived by hand (NumPy, not MJX).
+
+    With $q = (\varphi, s, \alpha_1, \alpha_2)$ (shaft angle, slider height, rods'
+    angles below the horizontal), hinges at radius $h = 0.05$ m and height 1 m,
+    rods of mass $m_r$ (inertias $I_a$ about their axis, $I_t$ across it) with the
+    balls $m_b$ (own inertia $I_b$) at their ends:
+
+    $$T = \tfrac12 M_\varphi(\alpha)\dot\varphi^2 + \tfrac12 m_s\dot s^2
+    + \tfrac12 M_\alpha(\dot\alpha_1^2 + \dot\alpha_2^2),$$
+    $M_\varphi = I_\text{shaft} + I_\text{slider} + \sum_i [I_a\sin^2\alpha_i
+    + I_t\cos^2\alpha_i + m_r(h + \tfrac12\cos\alpha_i)^2 + m_b(h + \cos\alpha_i)^2
+    + I_b]$, $M_\alpha = I_t + m_r/4 + m_b + I_b$ (no cross terms: each rod's angular
+    velocity is $\dot\varphi e_z \pm \dot\alpha_i e_t$ along principal axes);
+    $V = g[m_\text{shaft}/2 + m_s s + \sum_i (m_r(1 - \tfrac12\sin\alpha_i)
+    + m_b(1 - \sin\alpha_i))] + \sum_i \tfrac12 K(L_i - L_0)^2$ with the spring
+    length $L_i = \sqrt{(\tfrac12\cos\alpha_i)^2 + (1 - s - \tfrac12\sin\alpha_i)^2}$
+    (from the slider's anchor, radius $h$ and height $s$, to the rod's midpoint).
+    Lagrange's equations give $f = -\partial V/\partial q
+    - C\sum_i\dot L_i\,\partial L_i/\partial q$ (the dampers) plus the velocity
+    terms $-\sum_i M_{\varphi,i}'\dot\alpha_i\dot\varphi$ in the $\varphi$ row and
+    $\tfrac12 M_{\varphi,i}'\dot\varphi^2$ in the $\alpha_i$ row, where
+    $M_{\varphi,i}'$ is the derivative of rod $i$'s term of $M_\varphi$.
+
+    **Arguments:**
+
+    - `q`, `v`: `qpos` and `qvel`, shape `(4,)`.
+
+    **Returns:** `(M, f)`: NumPy arrays of shapes `(4, 4)` (diagonal) and `(4,)`;
+    `f` is MuJoCo's `qfrc_passive - qfrc_bias`.
+    """
+    m, f = _a05_terms(q, v)
+    return np.diag(m), np.asarray(f)
+
+
+def flyball_governor_energy(q, v) -> float:
+    """IFToMM A05's kinetic plus potential energy (gravity, springs) of the
+    reduction, as MuJoCo's `mj_energyPos + mj_energyVel` for the file (J).
+    Dissipated by the dampers."""
+    m, _ = _a05_terms(q, np.zeros(4))
+    _, s, *alphas = (float(x) for x in q)
+    energy = 0.5 * sum(mi * float(vi) ** 2 for mi, vi in zip(m, v))
+    energy += _G * (0.5 * _A05_M_SHAFT + _A05_M_SLIDER * s)
+    for a in alphas:
+        sn = math.sin(a)
+        energy += _G * (_A05_M_ROD * (1 - 0.5 * sn) + _A05_M_BALL * (1 - sn))
+        length = math.hypot(0.5 * math.cos(a), 1.0 - s - 0.5 * sn)
+        energy += 0.5 * A05_K * (length - A05_REST) ** 2
+    return energy
+
+
+def _a05_rhs(t, y):
+    m, f = _a05_terms(y[:4], y[4:])
+    return np.concatenate([y[4:], np.divide(f, m)])
+
+
+def _a05_jacobian(t, y):
+    """Central differences of `_a05_rhs`: the Newton matrix of the Radau solve
+    (its accuracy does not enter the solution's)."""
+    jac = np.empty((8, 8))
+    for k in range(8):
+        h = 1e-7 * max(1.0, abs(y[k]))
+        e = np.zeros(8)
+        e[k] = h
+        jac[:, k] = (_a05_rhs(t, y + e) - _a05_rhs(t, y - e)) / (2 * h)
+    return jac
+
+
+@functools.lru_cache(maxsize=8)
+def _a05_solve(ts: tuple[float, ...]):
+    from scipy.integrate import solve_ivp
+
+    sol = solve_ivp(_a05_rhs, (0.0, ts[-1]), np.r_[A05_Q0, A05_V0], method="Radau",
+                    t_eval=ts, rtol=1e-12, atol=1e-12, jac=_a05_jacobian)
+    if not sol.success:
+        raise RuntimeError(f"flyball_governor_reference: Radau failed: {sol.message}")
+    return sol.y.T
+
+
+def flyball_governor_reference(ts) -> Reference:
+    r"""IFToMM A05, `flyball_governor.xml`: the motion from the benchmark's start.
+
+    A reduction derived here, not the benchmark's published data (its solution data
+    and accuracy bar are not in the stored sources): the Lagrangian in the file's
+    tree coordinates (`flyball_governor_equations`), integrated with SciPy's
+    `solve_ivp(method="Radau", rtol=1e-12, atol=1e-12)` (the system is stiff:
+    eigenvalues down to $-8.1\cdot10^3$ s$^{-1}$) from $s = 0.5$ m,
+    $\alpha_1 = \alpha_2 = 30°$, $\dot\varphi = 2\pi$ rad/s. Its slider height $s$,
+    the benchmark's output, matches the benchmark's reference curve as plotted by
+    the MBSbenchmarksInOpenSim project (0.1 s samples over 3 s) within the
+    2e-3 m to which that plot can be read. Needs SciPy; solves are cached.
+
+    **Arguments:**
+
+    - `ts`: the times, from 0, nondecreasing.
+
+    **Returns:** a `cdiff.models.Reference` of `qpos` and `qvel`, shape `(T, 4)`.
+
+    **Raises:** `ValueError` for times that are not finite, negative or decreasing.
+    """
+    _require_x64("flyball_governor_reference")
+    ts = np.asarray(ts, dtype=float).reshape(-1)
+    if ts.size == 0 or not np.all(np.isfinite(ts)) or np.any(ts < 0) or np.any(
+            np.diff(ts) < 0):
+        raise ValueError(
+            "flyball_governor_reference: ts must be a non-empty, finite, nondecreasing "
+            f"sequence of times >= 0; got {ts}"
+        )
+    if ts[-1] == 0.0:
+        y = np.tile(np.r_[A05_Q0, A05_V0], (ts.size, 1))
+    else:
+        y = _a05_solve(tuple(ts.tolist()))
+    return Reference(jnp.asarray(ts), jnp.asarray(y[:, :4]), jnp.asarray(y[:, 4:]))
+
+
 # --------------------------------------------------------------------------- registry
 
 
@@ -315,6 +483,16 @@ MJCF_LIBRARY: dict[str, MJCFMechanism] = {
             "benchmark's P3 data are not in the stored sources)",
             pinv_rtol=1e-5,
         ),
+        MJCFMechanism(
+            "iftomm-a05-flyball-governor", "flyball_governor.xml",
+            _IFTOMM + ", A05", 10.0, 2.5e-4,
+            flyball_governor_reference, "reduction",
+            "not in the stored sources (nor the solution data); the benchmark's output "
+            "is the slider height s, whose reference curve (as plotted by the "
+            "MBSbenchmarksInOpenSim project, 0.1 s samples over 3 s) the reduction "
+            "matches to the 2e-3 m the plot can be read to. Stiff: RK4 needs dt below "
+            "3.4e-4 s",
+        ),
     )
 }
 
@@ -350,6 +528,9 @@ def acceptance(name: str, formulation=None, *, t1=None, dt=None, outputs=None,
       kinematics against the reduction), the benchmark's measure;
     - A03: `q_error`, `v_error` at 0.03 s against the published values, and
       `energy_balance_error`, the largest $|E - E_0 - \tau(\beta - \beta_0)|$;
+    - A05: `s_error`, the largest error of the slider height $s$ (the benchmark's
+      output), and `energy_error`, the largest $|E - E_\text{ref}|$ against the
+      reduction's energy at the same times (the dampers dissipate);
     - every mechanism: `constraint_error` (largest $|\Phi_q|$), and for the
       conservative ones `energy_error` (largest $|E - E_0|$);
     - `passed`: 1.0 or 0.0 against the bar where the benchmark states one
@@ -362,9 +543,12 @@ def acceptance(name: str, formulation=None, *, t1=None, dt=None, outputs=None,
     - `formulation`: default `cdiff.UdwadiaKalaba(rtol=entry.pinv_rtol)`.
     - `t1`, `dt`: default the entry's (A02: the benchmark's 20 s).
     - `outputs`: number of output intervals (default: A01 and A02 the benchmark's
-      rate, 400 over 20 s and 2 per second; A03 one, at 0.03 s; others 100).
+      rate, 400 over 20 s and 2 per second; A03 one, at 0.03 s; A05 ten per second,
+      the rate of its published reference curve; others 100).
     - `simulate_kwargs`: passed to `cdiff.simulate` (`solver`,
-      `stepsize_controller`, ...).
+      `stepsize_controller`, ...). A05 with an implicit solver:
+      `formulation=cdiff.Lagrange(), solver=cdiff.BDF(rtol=..., atol=...)` (BDF
+      takes no formulation with per-step data, such as `UdwadiaKalaba`).
 
     **Returns:** a dict of floats.
     """
@@ -382,7 +566,8 @@ def acceptance(name: str, formulation=None, *, t1=None, dt=None, outputs=None,
     if outputs is None:
         outputs = {"iftomm-a01-simple-pendulum": max(1, round(2 * t1)),
                    "iftomm-a02-n-four-bar": max(1, round(20 * t1)),
-                   "iftomm-a03-andrews-squeezer": 1}.get(name, 100)
+                   "iftomm-a03-andrews-squeezer": 1,
+                   "iftomm-a05-flyball-governor": max(1, round(10 * t1))}.get(name, 100)
     model = from_mujoco(entry.path)
     q0, v0 = model.initial_state()
     ts = np.linspace(0.0, t1, outputs + 1)
@@ -398,6 +583,11 @@ def acceptance(name: str, formulation=None, *, t1=None, dt=None, outputs=None,
         balance = np.asarray(sol.energy) - float(sol.energy[0]) - torque * (
             q[:, 0] - q[0, 0])
         out["energy_balance_error"] = float(np.abs(balance).max())
+    elif name == "iftomm-a05-flyball-governor":
+        ref = flyball_governor_reference(ts)
+        energy_ref = [flyball_governor_energy(*x) for x in zip(ref.q, ref.v)]
+        out["energy_error"] = float(np.abs(np.asarray(sol.energy) - energy_ref).max())
+        out["s_error"] = float(np.abs(q[:, 1] - np.asarray(ref.q[:, 1])).max())
     else:
         out["energy_error"] = float(sol.max_energy_error)
     if entry.reference_kind == "reduction":
