@@ -24,9 +24,10 @@ from ._formulation.regularized import Regularized as Regularized
 from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
 from ._kinematics import Kinematics as Kinematics, kinematics as kinematics
 from ._model import AbstractModel as AbstractModel
+from ._results import RESULTS as RESULTS
 from ._simulate import Solution as Solution, simulate as simulate
 from ._sketch import Sketch as Sketch
-from ._solver.bdf import BDF as BDF, DAEResults as DAEResults
+from ._solver.bdf import BDF as BDF
 from ._solver.projected import (
     AbstractProjection as AbstractProjection,
     GradientProjection as GradientProjection,
@@ -35,6 +36,9 @@ from ._solver.projected import (
 )
 from ._solver.rk4 import RK4 as RK4
 from ._xla import compiler_options as compiler_options
+
+#: The former name of `cdiff.RESULTS` (when only cdiff.BDF had codes of its own).
+DAEResults = RESULTS
 
 try:
     __version__ = importlib.metadata.version("cdiff")

@@ -19,8 +19,9 @@ from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._kinematics import kinematics
 from ._model import AbstractModel, check_model, has_energy
+from ._results import DIVERGENCE, RESULTS
 from ._solver.base import innermost, replace_innermost
-from ._solver.bdf import BDF, DAEResults, bdf_solve
+from ._solver.bdf import BDF, bdf_solve
 from ._solver.frozen import FrozenStep
 from ._solver.grid import UniformGrid
 from ._solver.rk4 import RK4, rk4_solve
@@ -51,14 +52,15 @@ class Solution(eqx.Module):
       redundant configuration it is the minimum-norm choice.
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
-    - `result`: the result code (`diffrax.RESULTS`, or its extension
-      `cdiff.DAEResults` for [`cdiff.BDF`][]); see [`cdiff.Solution.message`][]
-      and `succeeded` (a boolean, per trajectory).
+    - `result`: the result code, a [`cdiff.RESULTS`][] (diffrax's codes, BDF's
+      and `diverged`); see [`cdiff.Solution.message`][] and `succeeded` (a
+      boolean, per trajectory).
     - `dt`: the step size actually taken by a constant-step solve,
       $T/\lceil T/dt\rceil$, which differs from the requested `dt` when that does
       not divide the horizon $T = t_1 - t_0$. `NaN` for adaptive solves.
     - `stats`: the solver's statistics (numbers of steps; for [`cdiff.BDF`][] also
-      `t_stop` and `q_stop`, where the solve ended).
+      `t_stop` and `q_stop`, where the solve ended); `t_diverged`, the first saved
+      time that failed the divergence test (`inf` if none).
     """
 
     ts: Float[Array, " T"]
@@ -78,15 +80,16 @@ class Solution(eqx.Module):
     def succeeded(self) -> Bool[Array, "*batch"]:
         """Whether the solve reached `t1` (a boolean array, one per trajectory of a
         batched solution; works inside `jit` and `vmap`)."""
-        # diffrax.RESULTS or its extension cdiff.DAEResults: compare within its own.
-        return self.result == self.result._enumeration.successful
+        return self.result == RESULTS.successful
 
     @property
     def message(self) -> str:
         """The result as text ('' on success), with the time and configuration where
         the solve stopped when the solver reports them. Only outside `jit`."""
-        text = self.result._enumeration[self.result]
-        if text and "t_stop" in self.stats:
+        text = RESULTS[self.result]
+        if self.result == RESULTS.diverged:
+            text += f" First at t = {float(self.stats['t_diverged']):.9g} s."
+        elif text and "t_stop" in self.stats:
             q = np.array2string(np.asarray(self.stats["q_stop"]), precision=6)
             text += (
                 f" Stopped at t = {float(self.stats['t_stop']):.9g} s, q = {q}."
@@ -173,6 +176,7 @@ def simulate(
     adjoint: diffrax.AbstractAdjoint | None = None,
     throw: bool = True,
     progress: bool = False,
+    divergence: float | None = DIVERGENCE,
 ) -> Solution:
     r"""Simulate `model` with `formulation` from `(q0, v0)` at time `t0` to `t1`.
 
@@ -221,6 +225,14 @@ def simulate(
     - `throw`: raise on solver failure (default). With `throw=False` check
       `Solution.result`.
     - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`).
+    - `divergence`: the divergence test. A solve whose saved states include a
+      coordinate, velocity, position residual $\Phi_q$ or velocity residual larger
+      in magnitude than `divergence` $\cdot \max(1, \|q_0\|_\infty,
+      \|v_0\|_\infty)$ ends with `cdiff.RESULTS.diverged` (raised with `throw`):
+      an explicit integrator above its stability limit grows finite states to
+      $10^{80}$ and more before they overflow. Default $10^8$; `None` turns the
+      test off. Only saved states are tested: with `saveat` at `t1` alone, a
+      blow-up that recovers is not seen (none does in practice).
 
     **Returns:** a [`cdiff.Solution`][].
 
@@ -249,8 +261,8 @@ def simulate(
         stepsize_controller = diffrax.ConstantStepSize()
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
     if _is_concrete((t0, t1, dt)):
-        if not float(dt) > 0:
-            raise ValueError(f"dt must be positive, got dt={float(dt)}")
+        if not (float(dt) > 0 and math.isfinite(float(dt))):
+            raise ValueError(f"dt must be positive and finite, got dt={float(dt)}")
         if not (math.isfinite(float(t1)) and math.isfinite(float(t0))):
             raise ValueError(f"t0 and t1 must be finite, got t0={t0}, t1={t1}")
         if not float(t1) > float(t0):
@@ -285,6 +297,15 @@ def simulate(
             "Yun-Sarkar's null-space state (q, nu) and needs "
             f"formulation=cdiff.NullSpace(...), got {type(formulation).__name__}."
         )
+    if divergence is not None and not (
+        isinstance(divergence, (int, float)) and math.isfinite(divergence)
+        and divergence > 0
+    ):
+        raise ValueError(
+            "cdiff.simulate: divergence must be a positive finite number (or None "
+            f"to turn the divergence test off), got {divergence!r}"
+        )
+    divergence = jnp.asarray(jnp.inf if divergence is None else divergence, dtype)
     if saveat is None:
         saveat = diffrax.SaveAt(t0=True, steps=True)
     if isinstance(formulation, AbstractDAEFormulation) and not isinstance(solver, BDF):
@@ -296,7 +317,7 @@ def simulate(
         return _simulate_with_bdf(
             model, formulation, control, q0, v0, t0, t1, dt, solver=solver,
             saveat=saveat, stepsize_controller=stepsize_controller, adjoint=adjoint,
-            max_steps=max_steps, throw=throw, progress=progress,
+            max_steps=max_steps, throw=throw, progress=progress, divergence=divergence,
         )
     steps = _own_loop_steps(solver, stepsize_controller, saveat, adjoint, progress,
                             max_steps, (t0, t1, dt))
@@ -324,7 +345,7 @@ def simulate(
         model, formulation, control, q0, v0, *times,
         solver=solver, saveat=saveat, stepsize_controller=stepsize_controller,
         adjoint=adjoint, max_steps=max_steps, throw=throw, progress=progress,
-        steps=steps,
+        steps=steps, divergence=divergence,
     )
 
 
@@ -364,7 +385,7 @@ def _floats_to_arrays(tree):
 @eqx.filter_jit
 def _simulate(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
-    stepsize_controller, adjoint, max_steps, throw, progress, steps,
+    stepsize_controller, adjoint, max_steps, throw, progress, steps, divergence,
 ):
     dtype = q0.dtype
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
@@ -386,14 +407,34 @@ def _simulate(
                            saveat=saveat,
                            stepsize_controller=stepsize_controller, adjoint=adjoint,
                            max_steps=max_steps, throw=throw, progress=progress)
-    ts = sol.ts
-    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, dt, ts,
-                                                     sol.ys)
     dt_taken = dt if constant else jnp.asarray(jnp.nan, dtype)
-    return Solution(
-        ts, q, v, hol, vel, energy, force, lam, sol.ys, sol.result, dt_taken,
-        sol.stats,
-    )
+    return _solution(formulation, context, dt, dt_taken, sol.ts, sol.ys, sol.result,
+                     sol.stats, (q0, v0), throw=throw, divergence=divergence)
+
+
+def _solution(formulation, context, dt, dt_taken, ts, ys, result, stats, state0, *,
+              throw, divergence) -> Solution:
+    """The `Solution` of every route: the diagnostics along the saved states, the
+    result promoted to `cdiff.RESULTS`, and the divergence test (see `simulate`),
+    raised with `throw`."""
+    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, dt, ts, ys)
+    if result._enumeration is not RESULTS:
+        result = RESULTS.promote(result)
+    stats = dict(stats)
+    # `divergence` is traced (inf: no test), so that its values share a compilation.
+    scale = jnp.maximum(1.0, jnp.maximum(jnp.abs(state0[0]).max(),
+                                         jnp.abs(state0[1]).max()))
+    size = jnp.stack([jnp.abs(x).max(axis=-1, initial=0.0)
+                      for x in (q, v, hol, vel)], axis=-1).max(axis=-1)
+    # Unused rows (t = inf) are not tested; non-finite rows fail.
+    bad = jnp.isfinite(ts) & ~(size <= divergence * scale)
+    stats["t_diverged"] = jnp.min(jnp.where(bad, ts, jnp.inf), initial=jnp.inf)
+    result = RESULTS.where((result == RESULTS.successful) & jnp.any(bad),
+                           RESULTS.diverged, result)
+    if throw:
+        ts = result.error_if(ts, result == RESULTS.diverged)
+    return Solution(ts, q, v, hol, vel, energy, force, lam, ys, result, dt_taken,
+                    stats)
 
 
 class _Solved(eqx.Module):
@@ -450,7 +491,8 @@ def _checked_context(model, formulation, control, q0, v0, t0, t1, dt):
     """Run-time checks of the times and the initial state (inside `jit`), and the
     solve's `Context`. **Returns:** `(q0, t1, dt, context)`, the checked values."""
     dtype = q0.dtype
-    dt = eqx.error_if(dt, ~(dt > 0), "cdiff.simulate: dt must be positive")
+    dt = eqx.error_if(dt, ~((dt > 0) & jnp.isfinite(dt)),
+                      "cdiff.simulate: dt must be positive and finite")
     t1 = eqx.error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
     q0 = eqx.error_if(
         q0,
@@ -522,7 +564,7 @@ def _plain_saveat(saveat: diffrax.SaveAt) -> diffrax.SubSaveAt | None:
 
 def _simulate_with_bdf(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
-    stepsize_controller, adjoint, max_steps, throw, progress,
+    stepsize_controller, adjoint, max_steps, throw, progress, divergence,
 ):
     r"""`simulate` with [`cdiff.BDF`][]: a DAE formulation, or an ODE formulation
     without per-step data posed as $\dot x - f(t, x) = 0$."""
@@ -561,6 +603,7 @@ def _simulate_with_bdf(
         model, formulation, control, q0, v0, *times, solver=solver,
         save=(bool(sub.t0), bool(sub.t1), bool(sub.steps)), save_ts=sub.ts,
         max_steps=max_steps, forward=forward, throw=throw and not concrete,
+        divergence=divergence,
     )
     if throw and concrete and int(sol.result._value) != 0:
         raise RuntimeError(sol.message)
@@ -570,7 +613,7 @@ def _simulate_with_bdf(
 @eqx.filter_jit
 def _simulate_bdf(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, save, save_ts,
-    max_steps, forward, throw,
+    max_steps, forward, throw, divergence,
 ):
     dtype = q0.dtype
     q0, t1, dt, context = _checked_context(model, formulation, control, q0, v0,
@@ -616,7 +659,7 @@ def _simulate_bdf(
     y_stop = x_stop if unravel is None else unravel(x_stop)
     stats["q_stop"] = formulation.coordinates(stats["t_stop"], y_stop, context)[0]
     if throw:
-        ts = result.error_if(ts, result != DAEResults.successful)
+        ts = result.error_if(ts, result != RESULTS.successful)
     nan = jnp.asarray(jnp.nan, dtype)
-    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, nan, ts, ys)
-    return Solution(ts, q, v, hol, vel, energy, force, lam, ys, result, nan, stats)
+    return _solution(formulation, context, nan, nan, ts, ys, result, stats, (q0, v0),
+                     throw=throw, divergence=divergence)

@@ -12,7 +12,7 @@ from helpers import Skate
 from scipy.integrate import solve_ivp
 
 import cdiff
-from cdiff._solver.bdf import BDF, DAEResults, bdf_solve
+from cdiff._solver.bdf import BDF, bdf_solve
 
 
 def _solve(residual, initial, x0, t1, tol, *, algebraic, ts=None, jump_ts=None,
@@ -217,7 +217,7 @@ def test_bdf_failures_are_result_codes():
     q0, v0 = model.initial_state()
     kw = dict(t1=2.0, dt=1e-4, solver=cdiff.BDF(1e-9, 1e-9), max_steps=20)
     sol = cdiff.simulate(model, cdiff.GGL(), q0, v0, throw=False, **kw)
-    assert sol.result == DAEResults.max_steps_reached
+    assert sol.result == cdiff.RESULTS.max_steps_reached
     assert "maximum number of solver steps" in sol.message
     assert "Stopped at t = " in sol.message
     ok = np.isfinite(np.asarray(sol.ts))

@@ -171,7 +171,7 @@ def test_nan_model_field():
 # --- times and step sizes ----------------------------------------------------------
 
 
-@pytest.mark.parametrize("dt", [0.0, -0.1])
+@pytest.mark.parametrize("dt", [0.0, -0.1, float("inf"), float("nan")])
 def test_nonpositive_dt(dt):
     _raises_value_error("dt", "positive",
                         call=lambda: _simulate(Particle(), jnp.zeros(2),
@@ -228,6 +228,7 @@ def test_traced_dt_needs_max_steps():
     [
         (dict(dt=jnp.asarray([0.05, -0.1])), "dt must be positive"),
         (dict(dt=jnp.asarray([0.05, 0.0])), "dt must be positive"),
+        (dict(dt=jnp.asarray([0.05, jnp.inf])), "dt must be positive and finite"),
         (dict(t1=jnp.asarray([0.2, -1.0])), "t1 must be greater than t0"),
         (dict(q0=jnp.asarray([[0.0, 0.0], [jnp.nan, 0.0]])), "initial state"),
         (dict(q0=jnp.asarray([[0.0, jnp.inf], [0.0, 0.0]])), "initial state"),
@@ -273,6 +274,25 @@ def test_mass_matrix_loses_definiteness_inside_jit():
     assert "positive definite" in msg and "Shrinking.mass_matrix" in msg
 
 
+class Skewed(cdiff.AbstractModel):
+    """M = [[2, skew], [0, 2]]: symmetric only for skew = 0."""
+
+    skew: float = 0.0
+
+    def mass_matrix(self, t, q):
+        return jnp.array([[2.0, self.skew], [0.0, 2.0]], dtype=q.dtype)
+
+
+@pytest.mark.parametrize("formulation", [cdiff.UdwadiaKalaba(), cdiff.Projection()],
+                         ids=["udwadia-kalaba", "projection"])
+def test_non_symmetric_mass_matrix_is_refused(formulation):
+    run = eqx.filter_jit(lambda model: cdiff.simulate(
+        model, formulation, jnp.zeros(2), jnp.ones(2), t1=0.2, dt=0.1).q)
+    assert np.all(np.isfinite(np.asarray(run(Skewed(skew=0.0)))))
+    with pytest.raises(eqx.EquinoxRuntimeError, match="not symmetric"):
+        jax.block_until_ready(run(Skewed(skew=0.5)))
+
+
 def test_blow_up_raises():
     with pytest.raises(RuntimeError, match="Nonfinite"):
         cdiff.simulate(Exploding(), LAGRANGE, jnp.zeros(2), jnp.zeros(2),
@@ -287,12 +307,12 @@ def _exploding_no_throw(model):
 
 def test_blow_up_without_throw_reports_result():
     sol = _exploding_no_throw(Exploding(rate=1000.0))
-    assert sol.result != diffrax.RESULTS.successful
-    assert sol.result == diffrax.RESULTS.nonfinite
+    assert sol.result != cdiff.RESULTS.successful
+    assert sol.result == cdiff.RESULTS.nonfinite
     assert "Nonfinite" in sol.message and not bool(sol.succeeded)
     # Control: a mild force runs to the end and reports success.
     ok = _exploding_no_throw(Exploding(rate=1.0))
-    assert ok.message == "" and ok.result == diffrax.RESULTS.successful
+    assert ok.message == "" and ok.result == cdiff.RESULTS.successful
     assert bool(ok.succeeded)
     assert np.all(np.isfinite(np.asarray(ok.q)))
     # x'' = e^t from rest: x(2) = e^2 - 1 - 2 (RK4, dt = 0.1).
@@ -305,3 +325,61 @@ def test_energy_correction_refuses_a_controller():
     with pytest.raises(ValueError, match="energy_correction"):
         cdiff.simulate(model, cdiff.UdwadiaKalaba(energy_correction=True), q0, v0,
                        t1=0.1, dt=1e-2, control=lambda t, q, v: jnp.zeros(6))
+
+
+# -- finite blow-ups: the divergence test --------------------------------------------
+
+# R2 with Udwadia-Kalaba at dt = 0.4, far above RK4's stability limit: the state is
+# finite at t = 3.2 s but of size 3e99 (measured), non-finite one step later; its
+# constraint residuals exceed 1e8 from t = 2.8 s.
+_R2 = cdiff.models.SliderCrank()
+_BLOW_UP = {"t1": 3.2, "dt": 0.4}
+
+
+@pytest.mark.parametrize(("saveat", "first"),
+                         [(None, 2.8), (cdiff.SaveAt(ts=jnp.array([1.0, 3.2])), 3.2)],
+                         ids=["own-loop", "diffrax"])
+def test_finite_blow_up_is_reported_as_diverged(saveat, first):
+    q0, v0 = _R2.initial_state()
+    kw = {**_BLOW_UP, "saveat": saveat, "throw": False}
+    off = cdiff.simulate(_R2, cdiff.UdwadiaKalaba(), q0, v0, divergence=None, **kw)
+    # What a blow-up looked like before the test: finite garbage, "success".
+    assert off.message == "" and np.isfinite(np.asarray(off.q)).all()
+    assert np.abs(np.asarray(off.q)).max() > 1e90
+    sol = cdiff.simulate(_R2, cdiff.UdwadiaKalaba(), q0, v0, **kw)
+    assert sol.result == cdiff.RESULTS.diverged and not bool(sol.succeeded)
+    assert "diverged" in sol.message and f"First at t = {first} s" in sol.message
+    assert float(sol.stats["t_diverged"]) == pytest.approx(first)
+    with pytest.raises(RuntimeError, match="diverged"):
+        cdiff.simulate(_R2, cdiff.UdwadiaKalaba(), q0, v0,
+                       **{**kw, "throw": True})
+
+
+def test_divergence_per_trajectory_under_vmap():
+    q0, v0 = _R2.initial_state()
+
+    @jax.jit
+    def run(dt):
+        return cdiff.simulate(_R2, cdiff.UdwadiaKalaba(), q0, v0, t1=3.2, dt=dt,
+                              max_steps=64, throw=False)
+
+    sol = jax.vmap(run)(jnp.array([0.05, 0.4]))
+    assert np.array_equal(np.asarray(sol.succeeded), [True, False])
+    assert np.array_equal(np.asarray(sol.result == cdiff.RESULTS.diverged),
+                          [False, True])
+    t_div = np.asarray(sol.stats["t_diverged"])
+    assert np.isinf(t_div[0]) and t_div[1] == pytest.approx(2.8)
+
+
+def test_divergence_test_in_the_bdf_route_and_bad_values():
+    model = cdiff.models.ParticleOnCircle()
+    q0, v0 = model.initial_state()
+    kw = {"t1": 0.1, "dt": 1e-3, "solver": cdiff.BDF(1e-8, 1e-8), "throw": False}
+    assert cdiff.simulate(model, cdiff.GGL(), q0, v0, **kw).message == ""
+    # |q| = 1 already exceeds 0.5 times the initial size (1): diverged at t0.
+    sol = cdiff.simulate(model, cdiff.GGL(), q0, v0, divergence=0.5, **kw)
+    assert sol.result == cdiff.RESULTS.diverged
+    assert float(sol.stats["t_diverged"]) == 0.0
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="divergence must be a positive"):
+            cdiff.simulate(model, cdiff.GGL(), q0, v0, divergence=bad, **kw)

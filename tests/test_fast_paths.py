@@ -158,7 +158,7 @@ def test_own_loop_matches_diffrax(save):
     # Unused rows (max_steps > 30 steps) are inf in both.
     assert np.array_equal(np.isinf(own.q), np.isinf(general.q))
     assert int(own.stats["num_steps"]) == int(general.stats["num_steps"]) == 30
-    assert own.result == general.result == diffrax.RESULTS.successful
+    assert own.result == general.result == cdiff.RESULTS.successful
 
 
 # Lagrange: no per-step data; NullSpace: its own state (q, nu, R) and end-of-step map.
@@ -180,7 +180,7 @@ def test_own_loop_failure_as_diffrax(save):
                               saveat=SAVES[save])
 
     own, general = _both(run)
-    assert own.result == general.result == diffrax.RESULTS.nonfinite
+    assert own.result == general.result == cdiff.RESULTS.nonfinite
     assert int(own.stats["num_steps"]) == int(general.stats["num_steps"]) < 20
     np.testing.assert_array_equal(np.asarray(own.ts), np.asarray(general.ts))
     np.testing.assert_array_equal(np.asarray(own.q), np.asarray(general.q))

@@ -91,7 +91,7 @@ def test_ggl_bdf_agrees_with_lagrange_rk4(curve):
 
 def test_ggl_bdf_stops_at_the_singular_configuration_of_x0():
     sol = _pick(_ggl_runs(), 1, CURVES.index("line_x0"))
-    assert sol.result == cdiff.DAEResults.singular_configuration
+    assert sol.result == cdiff.RESULTS.singular_configuration
     valid = np.isfinite(np.asarray(sol.ts))
     assert np.all(np.isfinite(np.asarray(sol.q)[valid]))  # never NaN
     t_stop = float(sol.stats["t_stop"])

@@ -304,7 +304,7 @@ def _runs():
 
     alpha, gap, d, dt = (jnp.asarray(x) for x in zip(*CASES.values()))
     sol = jax.jit(jax.vmap(run))(alpha, gap, d, dt)
-    assert bool(jnp.all(sol.result == diffrax.RESULTS.successful))
+    assert bool(jnp.all(sol.result == cdiff.RESULTS.successful))
     return {name: jax.tree.map(lambda x, i=i: x[i], sol)
             for i, name in enumerate(CASES)}
 

@@ -115,16 +115,31 @@ def applied_forces(context: Context, t, q, v) -> Float[Array, " nv"]:
     return f
 
 
-def mass_factor(model: AbstractModel, t, q) -> MassFactor:
-    """Cholesky factor of the mass matrix, with a run-time positive-definiteness check."""
-    mf = MassFactor(model.mass_matrix(t, q))
-    factors = eqx.error_if(
-        (mf.L, mf.Linv),
-        ~mf.ok,
+def checked_mass(model: AbstractModel, t, q) -> tuple[Array, MassFactor]:
+    """The mass matrix and its Cholesky factor, both carrying a run-time check that
+    the matrix is symmetric positive definite (`eqx.error_if`: the check runs
+    where either output is used)."""
+    M = model.mass_matrix(t, q)
+    mf = MassFactor(M)
+    # Symmetric to round-off (relative sqrt(eps)): the factorisation reads one
+    # triangle only, so a non-symmetric matrix would be taken silently for another.
+    tol = jnp.sqrt(jnp.finfo(M.dtype).eps) * jnp.abs(M).max()
+    symmetric = jnp.all(jnp.abs(M - M.T) <= tol)
+    M, L, Linv = eqx.error_if(
+        (M, mf.L, mf.Linv),
+        ~(mf.ok & symmetric),
         f"cdiff: {type(model).__name__}.mass_matrix(t, q) is not symmetric positive "
-        "definite (its Cholesky factorisation failed) at a state reached by the solver.",
+        "definite (not symmetric, or its Cholesky factorisation failed) at a state "
+        "reached by the solver.",
     )
-    return eqx.tree_at(lambda m: (m.L, m.Linv), mf, factors, is_leaf=lambda x: x is None)
+    return M, eqx.tree_at(lambda m: (m.L, m.Linv), mf, (L, Linv),
+                          is_leaf=lambda x: x is None)
+
+
+def mass_factor(model: AbstractModel, t, q) -> MassFactor:
+    """Cholesky factor of the mass matrix, with the run-time check of
+    [`checked_mass`][]."""
+    return checked_mass(model, t, q)[1]
 
 
 def free_motion(context: Context, t, q, v):

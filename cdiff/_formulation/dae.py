@@ -74,7 +74,7 @@ class AbstractDAEFormulation(AbstractFormulation):
     index (Remark 4) and its multipliers have a pole. A BDF step can jump over such
     a point and continue on one branch, which the DAE does not decide; so
     [`cdiff.BDF`][] locates the minimum of $\sigma_{min}(\varphi^{1/2})$ inside
-    every step and stops with `DAEResults.singular_configuration`, naming the time and the
+    every step and stops with `cdiff.RESULTS.singular_configuration`, naming the time and the
     configuration, where it falls below `singular_rtol` times its largest value at
     the initial state (keyword-only argument `singular_rtol`, default 1e-6, i.e.
     a condition number of $\varphi$ above 1e12). Use [`cdiff.Regularized`][] to
@@ -216,7 +216,7 @@ class AbstractDAEFormulation(AbstractFormulation):
         where the reduction index matrix $A_vM^{-1}A_v^T$ is singular to
         `singular_rtol` (in singular values of $C$, so its condition number is
         above `singular_rtol`$^{-2}$), relative to its scale at the initial state.
-        [`cdiff.BDF`][] stops there with `DAEResults.singular_configuration`."""
+        [`cdiff.BDF`][] stops there with `cdiff.RESULTS.singular_configuration`."""
         q, v = self.coordinates(t, x, context)
         smin, _ = self._sigma_min_max(t, q, v, context)
         return smin / (self.singular_rtol * context.aux)

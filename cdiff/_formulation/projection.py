@@ -11,7 +11,7 @@ from jaxtyping import Array, Float
 
 from .._kinematics import kinematics
 from .._linalg import PseudoInverse, cho_solve, cholesky
-from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
+from .base import AbstractFormulation, Context, Dynamics, applied_forces, checked_mass
 
 Inertia = Literal["Mc", "Mc_sym", "Mc_gamma"]
 
@@ -126,8 +126,7 @@ class Projection(AbstractFormulation):
         del frozen
         q, v = y
         model = context.model
-        M = model.mass_matrix(t, q)
-        mass_factor(model, t, q)  # positive-definiteness check (eqx.error_if)
+        M, _ = checked_mass(model, t, q)
         f = applied_forces(context, t, q, v)
         kin = kinematics(model, t, q, v)
         pinv = PseudoInverse(kin.A_v, self.rtol, self.damping)

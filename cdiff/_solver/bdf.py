@@ -25,7 +25,7 @@ largest step).
 **Failures** are reported, never returned as NaN: a step whose Newton iteration
 does not converge (or is not finite) is retried with half the step; below the
 smallest representable step the solve stops with
-`DAEResults.step_size_too_small`, the last accepted state is kept, and
+`RESULTS.step_size_too_small`, the last accepted state is kept, and
 [`cdiff.Solution.message`][] names the time and the configuration. For a mechanical
 DAE this happens where the reduction index matrix $G M^{-1} G^T$ is singular
 (Costa-Castello Proposition 1), where the DAE has no index and no continuation.
@@ -46,7 +46,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-import diffrax
 import equinox as eqx
 import equinox.internal as eqxi
 import jax
@@ -55,23 +54,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, Float
 
-
-class DAEResults(diffrax.RESULTS):
-    """Result codes of [`cdiff.BDF`][] (those of diffrax, plus its own)."""
-
-    step_size_too_small = (
-        "cdiff.BDF: the step size fell below the smallest representable step: the "
-        "Newton iteration or the error test failed at every step size (a "
-        "discontinuity not listed in jump_ts, a singular or inconsistent DAE, or "
-        "tolerances below what the floating-point precision allows)."
-    )
-    singular_configuration = (
-        "cdiff.BDF: the DAE reached a singular configuration: the reduction index "
-        "matrix A_v M^-1 A_v^T lost rank (Costa-Castello Proposition 1), where the "
-        "DAE has no index and does not determine its solution (the multipliers have "
-        "a pole); the solution ends at the last step before it. cdiff.Regularized "
-        "integrates through such points."
-    )
+from .._results import RESULTS
 
 
 class BDF(eqx.Module):
@@ -224,7 +207,7 @@ def bdf_solve(
     - `residual(t, x, xdot)`: the DAE residual, shape `(n,)`.
     - `initial(t, x)`: a consistent `(x, xdot)` from `x` (at `t0` and after each jump).
     - `algebraic`: static boolean mask of the components left out of the error test.
-    - `monitor(t, x)`: optional; the solve stops with `DAEResults.singular_configuration` where it
+    - `monitor(t, x)`: optional; the solve stops with `RESULTS.singular_configuration` where it
       falls below 1 along a step (its minimum over the step is located on the
       interpolating polynomial; see `_minimum_along`).
 
@@ -321,7 +304,7 @@ def bdf_solve(
         lands = t_land - t <= 1.01 * c.h
         # Under jax.vmap the loop body also runs for the trajectories that have
         # finished; keep their (discarded) step well-defined.
-        active = (t < t1) & (c.result == DAEResults.successful)
+        active = (t < t1) & (c.result == RESULTS.successful)
         h = jnp.where(lands & active, t_land - t, c.h)
         clipped = h != c.h
         D = jnp.where(clipped, _change_D(D, order, jax.lax.stop_gradient(h / c.h), K), D)
@@ -410,8 +393,8 @@ def bdf_solve(
         D_rej = _change_D(D, order, shrink, K)
         h_next = jnp.where(accept, h_acc, h_rej)
         too_small = ~accept & (h_rej < 4 * eps * jnp.maximum(jnp.abs(t), 1.0))
-        result = DAEResults.where(too_small, DAEResults.step_size_too_small, c.result)
-        result = DAEResults.where(singular, DAEResults.singular_configuration, result)
+        result = RESULTS.where(too_small, RESULTS.step_size_too_small, c.result)
+        result = RESULTS.where(singular, RESULTS.singular_configuration, result)
         ts_steps, xs_steps, save_index = c.ts_steps, c.xs_steps, c.save_index
         if save_steps:
             # Write-once buffers of the loop (no copies of the saved rows per step).
@@ -439,7 +422,7 @@ def bdf_solve(
         )
 
     def cond(c: _Carry):
-        return (c.t < t1) & (c.result == DAEResults.successful)
+        return (c.t < t1) & (c.result == RESULTS.successful)
 
     t0 = jnp.asarray(t0, dtype)
     t1 = jnp.asarray(t1, dtype)
@@ -452,7 +435,7 @@ def bdf_solve(
         n_equal=jnp.asarray(0),
         D=restart(t0, x0, h0),
         jump=jnp.asarray(0),
-        result=DAEResults.successful,
+        result=RESULTS.successful,
         accepted=jnp.asarray(0),
         rejected=jnp.asarray(0),
         newton_failures=jnp.asarray(0),
@@ -472,12 +455,12 @@ def bdf_solve(
         buffers=lambda c: (c.ts_steps, c.xs_steps),
         kind="lax" if forward_mode else "checkpointed",
     )
-    result = DAEResults.where(
-        (final.result == DAEResults.successful) & (final.t < t1),
-        DAEResults.max_steps_reached,
+    result = RESULTS.where(
+        (final.result == RESULTS.successful) & (final.t < t1),
+        RESULTS.max_steps_reached,
         final.result,
     )
-    stopped_singular = final.result == DAEResults.singular_configuration
+    stopped_singular = final.result == RESULTS.singular_configuration
     x_stop = jnp.where(stopped_singular, final.x_sing, final.D[0])
     ts, xs = [], []
     if save_t0:
