@@ -19,7 +19,7 @@ from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._kinematics import kinematics
 from ._model import AbstractModel, check_model, has_energy
-from ._results import DIVERGENCE, RESULTS
+from ._results import DIVERGENCE, RESULTS, solver_errors
 from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_solve
 from ._solver.frozen import FrozenStep
@@ -87,6 +87,8 @@ class Solution(eqx.Module):
         """The result as text ('' on success), with the time and configuration where
         the solve stopped when the solver reports them. Only outside `jit`."""
         text = RESULTS[self.result]
+        if np.ndim(self.result._value) or np.ndim(text):  # batched: the codes' texts
+            return text
         if self.result == RESULTS.diverged:
             text += f" First at t = {float(self.stats['t_diverged']):.9g} s."
         elif text and "t_stop" in self.stats:
@@ -223,7 +225,10 @@ def simulate(
       `diffrax.ForwardMode()` for `jax.jacfwd` (cdiff's own RK4 loop, see `solver`,
       also takes `jax.jacfwd` with the default).
     - `throw`: raise on solver failure (default). With `throw=False` check
-      `Solution.result`.
+      `Solution.result`: a failure is a result code, including the run-time checks
+      of the model at the states the solver reaches (a mass matrix that stops being
+      symmetric positive definite, NullSpace's basis losing rank), which then end
+      the solve with `RESULTS.nonfinite`.
     - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`).
     - `divergence`: the divergence test. A solve whose saved states include a
       coordinate, velocity, position residual $\Phi_q$ or velocity residual larger
@@ -249,7 +254,7 @@ def simulate(
     if not jnp.issubdtype(q0.dtype, jnp.floating):
         q0 = q0.astype(jnp.result_type(float))
     v0 = jnp.asarray(v0, dtype=q0.dtype)
-    check_model(model, t0, q0, v0)
+    nq, m, p = check_model(model, t0, q0, v0)
     dtype = q0.dtype
     solver = RK4() if solver is None else solver
     if isinstance(solver, BDF) and stepsize_controller is not None:
@@ -260,6 +265,13 @@ def simulate(
     if stepsize_controller is None:
         stepsize_controller = diffrax.ConstantStepSize()
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
+    if max_steps is not None and not (
+        isinstance(max_steps, (int, np.integer)) and not isinstance(max_steps, bool)
+        and max_steps > 0
+    ):
+        raise ValueError(
+            f"cdiff.simulate: max_steps must be a positive integer, got {max_steps!r}"
+        )
     if _is_concrete((t0, t1, dt)):
         if not (float(dt) > 0 and math.isfinite(float(dt))):
             raise ValueError(f"dt must be positive and finite, got dt={float(dt)}")
@@ -267,8 +279,17 @@ def simulate(
             raise ValueError(f"t0 and t1 must be finite, got t0={t0}, t1={t1}")
         if not float(t1) > float(t0):
             raise ValueError(f"t1 must be greater than t0, got t0={t0}, t1={t1}")
+        n = constant_steps(t0, t1, dt)
+        if max_steps is not None and constant and not isinstance(solver, BDF) and (
+                n > max_steps):
+            raise ValueError(
+                f"cdiff.simulate: max_steps={max_steps} is fewer than the "
+                f"ceil((t1 - t0) / dt) = {n} constant steps from t0={t0} to t1={t1} "
+                f"with dt={dt}; raise max_steps or leave it out."
+            )
+        if constant and not isinstance(solver, BDF):  # else dt is the first step
+            _check_size(n, saveat, nq + v0.shape[0], m + p, q0.dtype)
         if max_steps is None:
-            n = constant_steps(t0, t1, dt)
             if isinstance(solver, BDF):
                 max_steps = _BDF_MAX_STEPS  # its steps do not follow dt
             else:
@@ -341,12 +362,50 @@ def simulate(
     model, formulation, control = _floats_to_arrays((model, formulation, control))
     formulation = formulation.bind(model, t0, q0, v0)
     times = tuple(jnp.asarray(x, dtype) for x in (t0, t1, dt))
-    return _simulate(
-        model, formulation, control, q0, v0, *times,
-        solver=solver, saveat=saveat, stepsize_controller=stepsize_controller,
-        adjoint=adjoint, max_steps=max_steps, throw=throw, progress=progress,
-        steps=steps, divergence=divergence,
-    )
+    try:
+        return _simulate(
+            model, formulation, control, q0, v0, *times,
+            solver=solver, saveat=saveat, stepsize_controller=stepsize_controller,
+            adjoint=adjoint, max_steps=max_steps, throw=throw, progress=progress,
+            steps=steps, divergence=divergence,
+        )
+    except TypeError as e:
+        if "forward-mode autodiff" not in str(e):
+            raise
+        raise TypeError(
+            "cdiff.simulate: forward-mode differentiation (jax.jvp, jax.jacfwd) "
+            "through diffrax's solve needs simulate(..., "
+            "adjoint=diffrax.ForwardMode()); the default adjoint is reverse mode "
+            f"only. ({e})"
+        ) from e
+
+
+# Saved trajectories larger than this are refused before anything is allocated.
+_MAX_SAVED_BYTES = 2**34
+
+
+def _check_size(n: int, saveat, state: int, rows: int, dtype) -> None:
+    """Refuse, before tracing, a constant-step solve of more steps than a loop
+    counter holds, or one whose saved rows (every step saved) would not fit in
+    memory: both used to fail deep inside XLA."""
+    if n >= 2**31:
+        raise ValueError(
+            f"cdiff.simulate: ceil((t1 - t0) / dt) = {n:.3g} steps is more than a "
+            "solve can take (2**31); raise dt."
+        )
+    if saveat is not None:  # the default saves every step
+        sub = _plain_saveat(saveat)
+        if sub is None or not sub.steps:
+            return
+    # Per saved row: the state, q and v again, the residuals and multipliers, the
+    # constraint force.
+    size = n * (3 * state + 3 * rows) * np.dtype(dtype).itemsize
+    if size > _MAX_SAVED_BYTES:
+        raise ValueError(
+            f"cdiff.simulate: saving all {n:,} steps would take about "
+            f"{size / 2**30:,.0f} GiB; raise dt, or save fewer rows "
+            "(saveat=cdiff.SaveAt(ts=...) or SaveAt(t1=True))."
+        )
 
 
 def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, progress,
@@ -384,6 +443,18 @@ def _floats_to_arrays(tree):
 
 @eqx.filter_jit
 def _simulate(
+    model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
+    stepsize_controller, adjoint, max_steps, throw, progress, steps, divergence,
+):
+    with solver_errors(throw):
+        return _solve(
+            model, formulation, control, q0, v0, t0, t1, dt, solver=solver,
+            saveat=saveat, stepsize_controller=stepsize_controller, adjoint=adjoint,
+            max_steps=max_steps, throw=throw, progress=progress, steps=steps,
+            divergence=divergence)
+
+
+def _solve(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, saveat,
     stepsize_controller, adjoint, max_steps, throw, progress, steps, divergence,
 ):
@@ -603,7 +674,7 @@ def _simulate_with_bdf(
         model, formulation, control, q0, v0, *times, solver=solver,
         save=(bool(sub.t0), bool(sub.t1), bool(sub.steps)), save_ts=sub.ts,
         max_steps=max_steps, forward=forward, throw=throw and not concrete,
-        divergence=divergence,
+        divergence=divergence, checks=throw,
     )
     if throw and concrete and int(sol.result._value) != 0:
         raise RuntimeError(sol.message)
@@ -612,6 +683,19 @@ def _simulate_with_bdf(
 
 @eqx.filter_jit
 def _simulate_bdf(
+    model, formulation, control, q0, v0, t0, t1, dt, *, solver, save, save_ts,
+    max_steps, forward, throw, divergence, checks,
+):
+    # `checks`: whether the model checks at reached states raise (simulate's throw;
+    # `throw` here is False for concrete inputs, whose failures simulate raises).
+    with solver_errors(checks):
+        return _solve_bdf(
+            model, formulation, control, q0, v0, t0, t1, dt, solver=solver,
+            save=save, save_ts=save_ts, max_steps=max_steps, forward=forward,
+            throw=throw, divergence=divergence)
+
+
+def _solve_bdf(
     model, formulation, control, q0, v0, t0, t1, dt, *, solver, save, save_ts,
     max_steps, forward, throw, divergence,
 ):

@@ -293,6 +293,21 @@ def test_non_symmetric_mass_matrix_is_refused(formulation):
         jax.block_until_ready(run(Skewed(skew=0.5)))
 
 
+def test_model_checks_honour_throw_false():
+    """With throw=False a mass matrix that loses definiteness, or NullSpace's basis
+    losing rank, ends the solve with a result code instead of raising."""
+    sol = cdiff.simulate(Shrinking(rate=1.0), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+                         t1=2.0, dt=0.1, throw=False)
+    assert sol.result == cdiff.RESULTS.nonfinite
+    ts = np.asarray(sol.ts)
+    assert ts[np.isfinite(ts)].max() < 1.0 + 1e-12  # M is singular at t = 1
+    # NullSpace: the slider-crank at dt = 0.5 loses the basis' rank (it raised).
+    model = cdiff.models.SliderCrank()
+    sol = cdiff.simulate(model, cdiff.NullSpace(), *model.initial_state(), t1=50.0,
+                         dt=0.5, throw=False)
+    assert sol.result == cdiff.RESULTS.nonfinite
+
+
 def test_blow_up_raises():
     with pytest.raises(RuntimeError, match="Nonfinite"):
         cdiff.simulate(Exploding(), LAGRANGE, jnp.zeros(2), jnp.zeros(2),
@@ -383,3 +398,74 @@ def test_divergence_test_in_the_bdf_route_and_bad_values():
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(ValueError, match="divergence must be a positive"):
             cdiff.simulate(model, cdiff.GGL(), q0, v0, divergence=bad, **kw)
+
+
+@pytest.mark.parametrize(
+    "make, error, words",
+    [
+        # A type: named by cdiff, or first by the suite's jaxtyping hook.
+        (lambda: cdiff.Lagrange("x"), TypeError, "Lagrange: `alpha` must be a real"),
+        (lambda: cdiff.Lagrange(1.0, -2.0), ValueError, "`beta` must be finite and"),
+        (lambda: cdiff.Lagrange(jnp.array([1.0, jnp.inf])), ValueError, "`alpha`"),
+        (lambda: cdiff.NullSpace(alpha=float("nan")), ValueError, "NullSpace: `alpha`"),
+        (lambda: cdiff.UdwadiaKalaba(energy_damping=-1.0), ValueError,
+         "UdwadiaKalaba: `energy_damping`"),
+        (lambda: cdiff.UdwadiaKalaba(rtol="tight"), TypeError, "`rtol` must be a real"),
+        (lambda: cdiff.Projection(damping=-1e-3), ValueError, "Projection: `damping`"),
+    ],
+)
+def test_bad_formulation_parameters_are_named(make, error, words):
+    with pytest.raises(error) as info:
+        make()
+    name = re.search(r"`(\w+)`", words).group(1)
+    assert words in str(info.value) or (
+        error is TypeError and f"parameter '{name}'" in str(info.value))
+
+
+def test_step_counts_are_checked_before_tracing():
+    particle, q0, v0 = Particle(), jnp.zeros(2), jnp.ones(2)
+    for bad in (0, -1):  # (a float or a bool: a type error)
+        with pytest.raises(ValueError, match="max_steps must be a positive integer"):
+            _simulate(particle, q0, v0, max_steps=bad)
+    with pytest.raises(ValueError, match=r"max_steps=3 is fewer than .* = 4 constant"):
+        _simulate(particle, q0, v0, t1=0.2, max_steps=3)
+    # dt = 1e-12 over 10 s: 1e13 steps, more than a loop counter holds.
+    with pytest.raises(ValueError, match="more than a solve can take"):
+        _simulate(particle, q0, v0, t1=10.0, dt=1e-12)
+    # 1e9 saved steps would not fit in memory (they used to fail inside XLA).
+    with pytest.raises(ValueError, match="GiB; raise dt, or save fewer rows"):
+        _simulate(particle, q0, v0, t1=10.0, dt=1e-8)
+
+
+def test_too_few_max_steps_for_a_traced_dt_is_a_result_code():
+    """Under vmap over dt a short member stops at max_steps with its own result
+    code; the others run (it used to fail the whole batch with a grid message)."""
+
+    @jax.jit
+    def run(dt):
+        return cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+                              t1=0.2, dt=dt, max_steps=4, throw=False)
+
+    sol = jax.vmap(run)(jnp.array([0.05, 0.01]))
+    assert np.array_equal(np.asarray(sol.result == cdiff.RESULTS.successful),
+                          [True, False])
+    assert np.array_equal(np.asarray(sol.result == cdiff.RESULTS.max_steps_reached),
+                          [False, True])
+    np.testing.assert_allclose(sol.q[0, -1], [0.2, 0.2], rtol=1e-12)
+
+
+def test_forward_mode_through_diffrax_names_the_adjoint():
+    model = cdiff.models.ParticleOnCircle()
+    q0, v0 = model.initial_state()
+
+    def final(q0, **kw):
+        return cdiff.simulate(model, LAGRANGE, q0, v0, t1=0.1, dt=0.05,
+                              saveat=cdiff.SaveAt(ts=jnp.array([0.1])), **kw).q[-1]
+
+    with pytest.raises(TypeError, match=r"adjoint=diffrax\.ForwardMode\(\)"):
+        jax.jacfwd(final)(q0)
+    forward = jax.jacfwd(lambda q: final(q, adjoint=diffrax.ForwardMode()))(q0)
+    h = 1e-6
+    central = np.stack([(final(q0 + h * e) - final(q0 - h * e)) / (2 * h)
+                        for e in np.eye(2)], axis=-1)
+    np.testing.assert_allclose(forward, central, rtol=1e-7, atol=1e-9)

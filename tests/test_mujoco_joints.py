@@ -289,7 +289,9 @@ def test_spherical_pendulum_invariants(pendulum, spin):
     assert spin_drift < 2e-14, spin_drift  # measured 3.8e-16, 1.8e-15
     # Lagrange's run is the same (no constraints: both solve M a = Q).
     other = runs["lagrange"]
-    assert np.abs(other["q"] - run["q"]).max() < 1e-15  # measured 0
+    # Measured 0 with XLA's default options; 9.3e-15 with mjx_jit's fast-compiling
+    # ones, which round the two programs differently.
+    assert np.abs(other["q"] - run["q"]).max() < 1e-13
 
 
 def test_pendulum_against_the_engine(pendulum):

@@ -6,12 +6,33 @@ import abc
 from typing import Any
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, PyTree
 
 from .._kinematics import kinematics
 from .._linalg import MassFactor, PseudoInverse, matvec
 from .._model import AbstractModel
+from .._results import error_if
+
+
+def check_gains(owner: str, **gains) -> None:
+    """Refuse, before tracing, a formulation parameter that is not a real number or
+    array, or a concrete one that is negative or not finite (for `__check_init__`;
+    traced values are left to the caller). `None` is skipped.
+
+    **Raises:** `TypeError` or `ValueError` naming `owner` and the parameter."""
+    for name, x in gains.items():
+        if x is None or isinstance(x, jax.core.Tracer):
+            continue
+        value = None if isinstance(x, (str, bytes)) else np.asarray(x)
+        if value is None or value.dtype.kind not in "fiu":
+            raise TypeError(f"{owner}: `{name}` must be a real number or array, got "
+                            f"{x!r}")
+        if not (np.all(np.isfinite(value)) and np.all(value >= 0)):
+            raise ValueError(f"{owner}: `{name}` must be finite and non-negative, got "
+                             f"{value}")
 
 
 class Context(eqx.Module):
@@ -125,7 +146,7 @@ def checked_mass(model: AbstractModel, t, q) -> tuple[Array, MassFactor]:
     # triangle only, so a non-symmetric matrix would be taken silently for another.
     tol = jnp.sqrt(jnp.finfo(M.dtype).eps) * jnp.abs(M).max()
     symmetric = jnp.all(jnp.abs(M - M.T) <= tol)
-    M, L, Linv = eqx.error_if(
+    M, L, Linv = error_if(
         (M, mf.L, mf.Linv),
         ~(mf.ok & symmetric),
         f"cdiff: {type(model).__name__}.mass_matrix(t, q) is not symmetric positive "

@@ -9,6 +9,7 @@ from .base import (
     AbstractFormulation,
     Context,
     Dynamics,
+    check_gains,
     constrained_acceleration,
     free_motion,
 )
@@ -65,6 +66,9 @@ class Lagrange(AbstractFormulation):
     alpha: float | jnp.ndarray = 0.0
     beta: float | jnp.ndarray = 0.0
     rtol: float | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        check_gains("Lagrange", alpha=self.alpha, beta=self.beta, rtol=self.rtol)
 
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen

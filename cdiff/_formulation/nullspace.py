@@ -13,7 +13,15 @@ from jaxtyping import Array, Float
 from .._kinematics import kinematics
 from .._linalg import PseudoInverse, cho_solve, cholesky, default_rtol, solve_triangular
 from .._model import AbstractModel
-from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
+from .._results import error_if
+from .base import (
+    AbstractFormulation,
+    Context,
+    Dynamics,
+    applied_forces,
+    check_gains,
+    checked_mass,
+)
 from .projection import projector
 
 
@@ -134,6 +142,9 @@ class NullSpace(AbstractFormulation):
     dof: int | None = eqx.field(static=True, default=None)
     rtol: float | None = eqx.field(static=True, default=None)
 
+    def __check_init__(self):
+        check_gains("NullSpace", alpha=self.alpha, dof=self.dof, rtol=self.rtol)
+
     # --- the velocity constraint A qdot = a (eq. 20) ------------------------------
 
     def _constraint(self, model: AbstractModel, t, q, nv: int):
@@ -229,11 +240,10 @@ class NullSpace(AbstractFormulation):
             (t, q),
             (jnp.ones_like(t), model.position_rate(t, q, qdot)),
         )
-        M = model.mass_matrix(t, q)
-        mass_factor(model, t, q)  # positive-definiteness check
+        M, _ = checked_mass(model, t, q)
         SMS = S.T @ M @ S
         chol = cholesky(SMS)
-        chol = eqx.error_if(
+        chol = error_if(
             chol,
             ~jnp.all(jnp.isfinite(chol)),
             "cdiff.NullSpace: S^T M S is not positive definite: the transported "

@@ -11,7 +11,14 @@ from jaxtyping import Array, Float
 
 from .._kinematics import kinematics
 from .._linalg import PseudoInverse, cho_solve, cholesky
-from .base import AbstractFormulation, Context, Dynamics, applied_forces, checked_mass
+from .base import (
+    AbstractFormulation,
+    Context,
+    Dynamics,
+    applied_forces,
+    check_gains,
+    checked_mass,
+)
 
 Inertia = Literal["Mc", "Mc_sym", "Mc_gamma"]
 
@@ -121,6 +128,8 @@ class Projection(AbstractFormulation):
             )
         if self.gamma is not None and self.inertia != "Mc_gamma":
             raise ValueError("gamma is the parameter of inertia='Mc_gamma' (eq. 29)")
+        check_gains("Projection", gamma=self.gamma, rtol=self.rtol,
+                    damping=self.damping)
 
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         del frozen

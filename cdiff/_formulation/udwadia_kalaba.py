@@ -12,6 +12,7 @@ from .base import (
     AbstractFormulation,
     Context,
     Dynamics,
+    check_gains,
     constrained_acceleration,
     free_motion,
 )
@@ -93,6 +94,10 @@ class UdwadiaKalaba(AbstractFormulation):
     energy_correction: bool = eqx.field(static=True, default=False)
     energy_damping: float = 0.0
     rtol: float | None = eqx.field(static=True, default=None)
+
+    def __check_init__(self):
+        check_gains("UdwadiaKalaba", energy_damping=self.energy_damping,
+                    rtol=self.rtol)
 
     def freeze(self, t0, t1, y0, context: Context):
         q, v = y0
