@@ -4,7 +4,6 @@ the paper's contact scenarios with cdiff.NullSpace."""
 
 import functools
 
-import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
