@@ -136,19 +136,23 @@ def applied_forces(context: Context, t, q, v) -> Float[Array, " nv"]:
     return f
 
 
+def is_symmetric(M) -> Array:
+    """Whether `M` is symmetric to round-off (relative sqrt(eps)): factorisations
+    read one triangle only, so a non-symmetric matrix would be taken silently for
+    another."""
+    tol = jnp.sqrt(jnp.finfo(M.dtype).eps) * jnp.abs(M).max()
+    return jnp.all(jnp.abs(M - M.T) <= tol)
+
+
 def checked_mass(model: AbstractModel, t, q) -> tuple[Array, MassFactor]:
     """The mass matrix and its Cholesky factor, both carrying a run-time check that
     the matrix is symmetric positive definite (`eqx.error_if`: the check runs
     where either output is used)."""
     M = model.mass_matrix(t, q)
     mf = MassFactor(M)
-    # Symmetric to round-off (relative sqrt(eps)): the factorisation reads one
-    # triangle only, so a non-symmetric matrix would be taken silently for another.
-    tol = jnp.sqrt(jnp.finfo(M.dtype).eps) * jnp.abs(M).max()
-    symmetric = jnp.all(jnp.abs(M - M.T) <= tol)
     M, L, Linv = error_if(
         (M, mf.L, mf.Linv),
-        ~(mf.ok & symmetric),
+        ~(mf.ok & is_symmetric(M)),
         f"cdiff: {type(model).__name__}.mass_matrix(t, q) is not symmetric positive "
         "definite (not symmetric, or its Cholesky factorisation failed) at a state "
         "reached by the solver.",

@@ -20,7 +20,7 @@ from .base import (
     Dynamics,
     applied_forces,
     check_gains,
-    checked_mass,
+    is_symmetric,
 )
 from .projection import projector
 
@@ -240,7 +240,12 @@ class NullSpace(AbstractFormulation):
             (t, q),
             (jnp.ones_like(t), model.position_rate(t, q, qdot)),
         )
-        M, _ = checked_mass(model, t, q)
+        # Symmetry only: the factorisation below (of S^T M S, all that the
+        # dynamics use) is the definiteness check.
+        M = model.mass_matrix(t, q)
+        M = error_if(M, ~is_symmetric(M), f"cdiff: {type(model).__name__}."
+                     "mass_matrix(t, q) is not symmetric at a state reached by the "
+                     "solver.")
         SMS = S.T @ M @ S
         chol = cholesky(SMS)
         chol = error_if(
