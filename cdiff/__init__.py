@@ -25,15 +25,16 @@ from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
 from ._kinematics import Kinematics as Kinematics, kinematics as kinematics
 from ._model import AbstractModel as AbstractModel
 from ._results import RESULTS as RESULTS
-from ._simulate import Solution as Solution, simulate as simulate
+from ._simulate import simulate as simulate
+from ._solution import Solution as Solution
 from ._sketch import Sketch as Sketch
 from ._solver.bdf import BDF as BDF
-from ._solver.projected import (
+from ._projection import (
     AbstractProjection as AbstractProjection,
     GradientProjection as GradientProjection,
     NewtonProjection as NewtonProjection,
-    Projected as Projected,
 )
+from ._solver.projected import Projected as Projected
 from ._solver.rk4 import RK4 as RK4
 from ._xla import compiler_options as compiler_options
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 from pathlib import Path
 
 import jax
@@ -10,9 +11,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._model import AbstractModel
-from ._simulate import Solution
 from ._sketch import Sketch
 from .models._reference import Reference
+
+if TYPE_CHECKING:
+    from ._solution import Solution
 
 _SUFFIXES = (".gif", ".mp4")
 

@@ -6,13 +6,10 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from ._kinematics import residuals, velocity_size
+from ._kinematics import holonomic_jacobian, residuals, velocity_size
 from ._model import AbstractModel
-from ._solver.projected import NewtonProjection
-
-
-def _is_concrete(*xs) -> bool:
-    return not any(isinstance(x, jax.core.Tracer) for x in jax.tree.leaves(xs))
+from ._projection import NewtonProjection
+from ._results import is_concrete
 
 
 def consistent_state(
@@ -89,7 +86,7 @@ def consistent_state(
         f"cdiff.consistent_state: {type(model).__name__}'s constraints cannot be met "
         f"from this guess to tol = {tol:g} after {iterations} Gauss-Newton steps "
     )
-    if _is_concrete(q, v):
+    if is_concrete(q, v):
         if not (float(err_q) <= tol and float(err_v) <= tol):
             raise ValueError(
                 message + f"(max |Phi_q| = {float(err_q):.3g}, max velocity residual "
@@ -103,3 +100,116 @@ def consistent_state(
         message + "(inconsistent constraints, or a guess too far from them).",
     )
     return q, v
+
+
+def inconsistency(model: AbstractModel, t, q, *, iterations: int = 20, tol=None):
+    r"""Whether the holonomic constraints $\Phi_q(t, \cdot) = 0$ have no solution
+    reachable from `q` by descent: an inconsistent constraint set.
+
+    Minimises $f = \tfrac12\|\Phi_q\|^2$ from `q` by `iterations` damped Newton
+    steps in the velocity coordinates, $q \leftarrow q \oplus h$ by
+    `model.integrate_position` (so quaternions stay unit):
+    $h = -V(|\Lambda| + \mu)^{-1}V^T A^T\Phi$ with $V\Lambda V^T$ the Hessian of $f$
+    (absolute eigenvalues: a descent step at saddles too) and Levenberg-Marquardt
+    control of $\mu$ by the gain ratio (Nielsen's rule; a step that does not
+    decrease $f$ is rejected). The Hessian, unlike Gauss-Newton's $A^TA$, converges
+    quickly to a minimum with a nonzero residual, where its curvature term
+    $\sum_i \Phi_i\nabla^2\Phi_i$ is not small; it is taken by forward differences
+    of the gradient $A^T\Phi$ (step $\sqrt\epsilon\max(1, \|q\|)$), so that the
+    compiled program holds one copy of the model's Jacobian (vmapped over the
+    $n_v + 1$ points) and no second-order derivative. A consistent set is solved on
+    the way (quadratic convergence; linear at a kinematic singularity), and the
+    point reached is flagged `inconsistent` when all three hold:
+
+    - the residual is clearly nonzero, $\|\Phi\| >$ `tol` $\cdot\|A\|_F$ (the
+      distance to the constraints estimated to first order exceeds `tol`, in the
+      units of the velocity coordinates);
+    - the point is stationary, $\|A^T\Phi\| \le \epsilon^{1/4}\|A\|_F\|\Phi\|$
+      ($\epsilon$ the machine epsilon: $1.2\cdot 10^{-4}$ in float64): the residual
+      is orthogonal to every direction the constraints can move;
+    - it is a local minimum of $f$: the Hessian's least eigenvalue is at least
+      $-\epsilon^{1/4}$ times its largest magnitude. A saddle, such as the point
+      half-way between two intersecting circles that the iteration reaches from a
+      start on their axis of symmetry, is not flagged.
+
+    `False` therefore means "not shown inconsistent": also a start too far to
+    converge in `iterations` steps. `True` means "no solution reachable from `q` by
+    descent": a consistent but nonconvex set may have a local minimum of $f$ with a
+    nonzero residual, and a start in its basin is flagged too. Redundant
+    constraints and kinematic singularities (rank-deficient $A$) are not flagged:
+    the residual goes to zero there (near a singularity only linearly, halving per
+    step, but the relative stationarity test is not met on the way). Without
+    holonomic constraints the answer is a constant `False` (nothing is computed).
+
+    It composes with `jax.jit` and `jax.vmap` (a fixed number of steps); under
+    `jax.grad` its inputs are held constant (`stop_gradient`: the answer is a
+    boolean, and the residual gets no gradient).
+
+    **Arguments:**
+
+    - `model`: a [`cdiff.AbstractModel`][].
+    - `t`: the time (for time-dependent constraints).
+    - `q`: the configuration to start from.
+    - `iterations`: the number of Newton steps (static).
+    - `tol`: the smallest first-order distance $\|\Phi\|/\|A\|_F$ to the
+      constraints counted as nonzero; default $\sqrt\epsilon\max(1, \|q\|)$.
+
+    **Returns:** `(inconsistent, residual)`: a boolean scalar, and $\|\Phi_q\|$
+    at the point reached (the least residual found).
+    """
+    q = jnp.asarray(q)
+    if not jnp.issubdtype(q.dtype, jnp.floating):
+        q = q.astype(jnp.result_type(float))
+    t = jnp.asarray(t, q.dtype)
+    if jax.eval_shape(model.holonomic, t, q).shape[0] == 0:
+        return jnp.zeros((), bool), jnp.zeros((), q.dtype)
+    # A yes/no answer: nothing to differentiate (the loop is not linearised).
+    arrays, static = eqx.partition((model, t, q), eqx.is_inexact_array)
+    model, t, q = eqx.combine(jax.lax.stop_gradient(arrays), static)
+    nv = velocity_size(model, q)
+    eps = float(jnp.finfo(q.dtype).eps)
+    flat = eps**0.25
+    if tol is None:
+        tol = eps**0.5 * jnp.maximum(1.0, jnp.linalg.norm(q))
+
+    def at(q):
+        # Phi, A and the Hessian of f by forward differences of its gradient A^T Phi
+        # along the velocity coordinates: nv + 1 Jacobians, vmapped (one copy of
+        # the model's Jacobian in the compiled program).
+        delta = eps**0.5 * jnp.maximum(1.0, jnp.linalg.norm(q))
+        moved = jax.vmap(model.integrate_position, (None, 0))(
+            q, delta * jnp.eye(nv, dtype=q.dtype))
+        phis, As = jax.vmap(lambda p: holonomic_jacobian(model, t, p))(
+            jnp.concatenate([q[None], moved]))
+        grads = jnp.einsum("kmv,km->kv", As, phis)
+        H = (grads[1:] - grads[0]) / delta
+        w, V = jnp.linalg.eigh(0.5 * (H + H.T))
+        return q, phis[0], As[0], w, V
+
+    def newton(i, carry):
+        (q, phi, A, w, V), lam, nu = carry
+        # Step 0 evaluates the start (one traced copy of `at`).
+        c = V.T @ (A.T @ phi)
+        mu = lam * jnp.max(jnp.abs(w))
+        d = jnp.abs(w) + mu
+        trial = at(jnp.where(i == 0, q, model.integrate_position(q, -V @ (c / d))))
+        # Gain ratio: decrease of f over the decrease of its model (with |H|).
+        # (0.5 at step 0: accepted, lam unchanged.)
+        gain = (phi @ phi - trial[1] @ trial[1]) / jnp.sum(c**2 * (d + mu) / d**2)
+        gain = jnp.where(i == 0, 0.5, gain)
+        ok = gain > 0
+        lam = jnp.where(ok, lam * jnp.maximum(1 / 3, 1 - (2 * gain - 1) ** 3),
+                        lam * nu)
+        point = jax.tree.map(lambda a, b: jnp.where(ok, a, b), trial, (q, phi, A, w, V))
+        return point, jnp.clip(lam, eps, 1 / eps), jnp.where(ok, 2.0, 2 * nu)
+
+    one = jnp.ones((), q.dtype)
+    # Finite placeholders for the start's quantities, which step 0 computes.
+    start = jax.tree.map(lambda s: jnp.ones(s.shape, s.dtype), jax.eval_shape(at, q))
+    carry = ((q, *start[1:]), 1e-3 * one, 2 * one)
+    (q, phi, A, w, _), _, _ = jax.lax.fori_loop(0, iterations + 1, newton, carry)
+    residual, size = jnp.linalg.norm(phi), jnp.linalg.norm(A)
+    nonzero = residual > tol * size
+    stationary = jnp.linalg.norm(A.T @ phi) <= flat * size * residual
+    minimum = w[0] >= -flat * jnp.max(jnp.abs(w))
+    return nonzero & stationary & minimum, residual

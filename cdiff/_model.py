@@ -33,10 +33,18 @@ class AbstractModel(eqx.Module):
     - `holonomic(t, q)`: holonomic residuals $\Phi_q$, shape `(m,)`. Default: none.
     - `nonholonomic(t, q, v)`: nonholonomic residuals $\Phi_v$, shape `(p,)`; any
       smooth function of `v`, Pfaffian or not. Default: none.
-    - `energy(t, q, v)`: the total mechanical energy, a scalar. Optional; needed for
-      the energy correction of [`cdiff.UdwadiaKalaba`][] and for energy diagnostics.
+    - `energy(t, q, v)`: the total mechanical energy, a scalar. Optional (default
+      `None`: no energy); needed for the energy correction of
+      [`cdiff.UdwadiaKalaba`][] and for energy diagnostics.
     - `input_matrix(t, q)`: $E$, shape `(nv, nu)`, mapping control inputs to
-      generalized forces. Default: the identity.
+      generalized forces. Default `None`: $E = I$, the input is a generalized force.
+
+    **Declarations:**
+
+    - `conservative`: whether `energy` is conserved by the model's own forces
+      (default `True`). A model whose applied forces do work or dissipate sets
+      `conservative = False` (a class attribute or property); energy correction is
+      then refused, and diagnostics report an energy *change*, not an error.
 
     **Coordinates and velocities.** Usually $v = \dot q$ and `nv = nq`. A model whose
     coordinates include unit quaternions (MuJoCo's ball and free joints) has
@@ -66,16 +74,23 @@ class AbstractModel(eqx.Module):
         del t, v
         return jnp.zeros((0,), dtype=q.dtype)
 
+    @property
+    def conservative(self) -> bool:
+        """Whether the model's own forces conserve `energy` (see the class
+        docstring). Default: `True`."""
+        return True
+
     def energy(self, t, q, v):
-        """Total mechanical energy (a scalar). Optional."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not define `energy(t, q, v)`."
-        )
+        """Total mechanical energy (a scalar), or `None` (the default) when the model
+        defines none."""
+        del t, q, v
+        return None
 
     def input_matrix(self, t, q):
-        """Input matrix $E(t, q)$, shape `(nv, nu)`. Default: the identity."""
-        nv = jax.eval_shape(self.mass_matrix, t, q).shape[0]
-        return jnp.eye(nv, dtype=q.dtype)
+        """Input matrix $E(t, q)$, shape `(nv, nu)`, or `None` (the default) for
+        $E = I$: the input is a generalized force of shape `(nv,)`."""
+        del t, q
+        return None
 
     def position_rate(self, t, q, v):
         r"""The coordinate rate $\dot q = T(q)\,v$, shape `(nq,)`, linear in `v`.
@@ -95,9 +110,28 @@ class AbstractModel(eqx.Module):
         return q + dv
 
 
-def has_energy(model: AbstractModel) -> bool:
-    """Whether the model overrides `energy`."""
-    return type(model).energy is not AbstractModel.energy
+def has_energy(model: AbstractModel, t, q, v) -> bool:
+    """Whether `model.energy` returns an energy (not `None`) at states shaped like
+    `(t, q, v)` (by `jax.eval_shape`: nothing is computed)."""
+    return jax.eval_shape(model.energy, t, q, v) is not None
+
+
+def apply_input(model: AbstractModel, t, q, u):
+    r"""The generalized force $E(t, q)\,u$ of the input `u` (`u` itself when the
+    model's `input_matrix` is `None`, $E = I$)."""
+    E = model.input_matrix(t, q)
+    u = jnp.asarray(u, q.dtype)
+    return u if E is None else jnp.asarray(E, q.dtype) @ u
+
+
+def input_matrix(model: AbstractModel, t, q):
+    """The input matrix $E(t, q)$ as an array: the identity of size `nv` when the
+    model's `input_matrix` is `None`."""
+    E = model.input_matrix(t, q)
+    if E is None:
+        nv = jax.eval_shape(model.mass_matrix, t, q).shape[0]
+        return jnp.eye(nv, dtype=q.dtype)
+    return jnp.asarray(E, q.dtype)
 
 
 def _shape_str(x) -> str:
@@ -188,14 +222,14 @@ def check_model(model: AbstractModel, t0, q0, v0) -> tuple[int, int, int]:
             f"{name}.nonholonomic(t, q, v) must return a 1-D array of residuals, got "
             f"shape {non.shape}"
         )
-    if has_energy(model):
-        E = shape_of("energy", t0, q0, v0)
+    E = shape_of("energy", t0, q0, v0)
+    if E is not None:
         if E.shape != ():
             raise ValueError(
                 f"{name}.energy(t, q, v) must return a scalar, got shape {E.shape}"
             )
     B = shape_of("input_matrix", t0, q0)
-    if B.ndim != 2 or B.shape[0] != nv:
+    if B is not None and (B.ndim != 2 or B.shape[0] != nv):
         raise ValueError(
             f"{name}.input_matrix(t, q) returned shape {B.shape}; expected ({nv}, nu)"
         )

@@ -7,6 +7,7 @@ import contextvars
 
 import diffrax
 import equinox as eqx
+import jax
 
 #: The largest growth a solve may show before it is reported as diverged (the
 #: default of `cdiff.simulate(..., divergence=)`).
@@ -39,6 +40,19 @@ class RESULTS(diffrax.RESULTS):
         "the integrator's stability limit (take a smaller dt), or constraints that "
         "cannot be met together."
     )
+    inconsistent_constraints = (
+        "cdiff.simulate: the holonomic constraints are inconsistent: no "
+        "configuration satisfies them all (the solve ended at a nonzero "
+        "least-squares minimum of |Phi_q|, see cdiff.analysis.inconsistency). Check "
+        "the model's holonomic(t, q) rows and parameters."
+    )
+
+
+def is_concrete(*xs) -> bool:
+    """Whether no array in `xs` is traced: its values are known before tracing, so
+    that checks can raise there instead of inside `jit`."""
+    leaves = jax.tree.leaves(eqx.filter(xs, eqx.is_array))
+    return not any(isinstance(x, jax.core.Tracer) for x in leaves)
 
 
 # How the run-time checks of the model at the states a solver reaches behave:

@@ -1,4 +1,4 @@
-"""Bad input fails early and clearly (DESIGN: "No silent NaN").
+"""Bad input fails early and clearly: no silent NaN, no silent wrong answer.
 
 Trace-time problems raise a ValueError naming the offending model method and the
 shapes; run-time problems inside jit raise through `eqx.error_if` or end the solve
@@ -469,3 +469,101 @@ def test_forward_mode_through_diffrax_names_the_adjoint():
     central = np.stack([(final(q0 + h * e) - final(q0 - h * e)) / (2 * h)
                         for e in np.eye(2)], axis=-1)
     np.testing.assert_allclose(forward, central, rtol=1e-7, atol=1e-9)
+
+
+def test_traced_dt_needs_no_max_steps_when_the_rows_do_not_depend_on_it():
+    """As in diffrax: saving at given times under vmap over dt needs no max_steps
+    (default 4096); a member needing more steps ends with max_steps_reached, whose
+    message names max_steps, and the others are exact (a free particle)."""
+
+    def run(dt):
+        return cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+                              t1=0.2, dt=dt, throw=False,
+                              saveat=cdiff.SaveAt(ts=jnp.array([0.1, 0.2])))
+
+    sol = jax.vmap(run)(jnp.array([0.05, 0.01, 0.2 / 5000]))
+    assert np.array_equal(np.asarray(sol.result == cdiff.RESULTS.successful),
+                          [True, True, False])
+    assert np.asarray(sol.result == cdiff.RESULTS.max_steps_reached)[2]
+    assert "max_steps" in cdiff.RESULTS[cdiff.RESULTS.max_steps_reached]
+    np.testing.assert_allclose(sol.q[:2], [[[0.1, 0.1], [0.2, 0.2]]] * 2,
+                               rtol=1e-12)
+    # Saving every step still needs the bound, which fixes the number of rows.
+    with pytest.raises(ValueError, match="max_steps"):
+        jax.vmap(lambda dt: cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2),
+                                           jnp.ones(2), t1=0.2, dt=dt))(
+            jnp.array([0.05, 0.1]))
+
+
+class ParticleOnCircleWithoutEnergy(Particle):
+    def holonomic(self, t, q):
+        return jnp.sum(q**2, keepdims=True) - 1.0
+
+
+def test_energy_correction_needs_a_conservative_model_with_an_energy():
+    uk = cdiff.UdwadiaKalaba(energy_correction=True)
+    snakeboard = cdiff.models.Snakeboard()
+    assert not snakeboard.conservative and cdiff.models.SliderCrank().conservative
+    q0, v0 = snakeboard.initial_state()
+    with pytest.raises(ValueError, match="Snakeboard is not conservative"):
+        cdiff.simulate(snakeboard, uk, q0, v0, t1=0.1, dt=1e-2)
+    with pytest.raises(ValueError, match="Snakeboard is not conservative"):
+        cdiff.studies.step_size_study(snakeboard, {"UK + energy": uk}, [1e-2], 0.1,
+                                      n_save=10, progress=False)
+    with pytest.raises(ValueError, match="Snakeboard is not conservative"):
+        cdiff.studies.gain_sweep(snakeboard, uk, {"energy_damping": [0.0, 1.0]},
+                                 [1e-2], 0.1, n_save=10)
+    model = ParticleOnCircleWithoutEnergy()
+    assert model.energy(0.0, jnp.ones(2), jnp.ones(2)) is None
+    with pytest.raises(ValueError, match="defines no energy"):
+        cdiff.simulate(model, uk, jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0]),
+                       t1=0.1, dt=1e-2)
+
+
+def test_loaded_models_declare_dissipation():
+    """A MuJoCo model with damping is not conservative (MuJoCo's energy leaves the
+    damping out); one without is."""
+    pytest.importorskip("mujoco")
+    from cdiff.models import MJCF_LIBRARY, from_mujoco
+
+    assert not from_mujoco(MJCF_LIBRARY["iftomm-a05-flyball-governor"].path).conservative
+    assert from_mujoco(cdiff.models.mjcf_path("slider-crank-mjcf")).conservative
+
+
+def test_bdf_refuses_stepwise_formulations_by_their_declaration():
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    for formulation in (cdiff.UdwadiaKalaba(), cdiff.NullSpace()):
+        assert formulation.stepwise
+        with pytest.raises(ValueError, match="per-step data"):
+            cdiff.simulate(model, formulation, q0, v0, t1=0.1, dt=1e-2,
+                           solver=cdiff.BDF())
+    assert not cdiff.Lagrange().stepwise
+
+
+def test_no_module_imports_the_drivers_private_names():
+    """The driver's internals stay private: other modules use the setup (Problem)
+    and the routes beside the solvers."""
+    import ast
+    import pathlib
+
+    root = pathlib.Path(cdiff.__file__).parent
+    offenders = []
+    for path in root.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").endswith(
+                    "_simulate"):
+                offenders += [f"{path.name}: {a.name}" for a in node.names
+                              if a.name.startswith("_")]
+    assert not offenders
+
+
+def test_study_rows_of_a_finite_blow_up_are_failures():
+    """The step-size study's own loop applies simulate's divergence test: R2 at
+    dt = 0.4 is finite but of size 3e99 at t = 3.2 s, and its row reads inf (it
+    used to read the garbage); dt = 0.1 is a normal row."""
+    study = cdiff.studies.step_size_study(
+        _R2, {"UK": cdiff.UdwadiaKalaba()}, [0.4, 0.1], 3.2, n_save=8,
+        time_each=False, progress=False)
+    errors = np.asarray(study["max_constraint_error"])
+    assert np.isinf(errors[0]) and np.isfinite(errors[1]) and errors[1] < 1e-2

@@ -12,7 +12,7 @@ MODELS = [cdiff.models.MODELS[name]() for name in sorted(cdiff.models.MODELS)]
 
 
 def test_slider_crank_reference_matches_scipy_dop853():
-    """REFERENCE.md: DOP853 at rtol = atol = 1e-12 gives theta1(100) = -2.59966."""
+    """DOP853 at rtol = atol = 1e-12 gives theta1(100) = -2.59966."""
     model = cdiff.models.SliderCrank()
     g = model.g / model.l
 

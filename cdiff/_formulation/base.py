@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -13,7 +13,7 @@ from jaxtyping import Array, Float, PyTree
 
 from .._kinematics import kinematics
 from .._linalg import MassFactor, PseudoInverse, matvec
-from .._model import AbstractModel
+from .._model import AbstractModel, apply_input
 from .._results import error_if
 
 
@@ -75,7 +75,23 @@ class AbstractFormulation(eqx.Module):
     $\Delta = \Phi/dt$ terms): it returns them from `freeze`, and cdiff's solver
     wrapper computes them once per step and passes them to every Runge-Kutta
     stage.
+
+    **Declarations** (class attributes a subclass sets):
+
+    - `stepwise`: `True` when `freeze` returns per-step data or `end_step` maps the
+      state: the formulation then needs a one-step solver (a multistep method such
+      as [`cdiff.BDF`][] cannot provide either). Default `False`.
+    - `corrects_energy`: `True` when the formulation holds the energy at its
+      initial value (it then needs a conservative model and no controller).
+      Default `False`.
     """
+
+    stepwise: ClassVar[bool] = False
+
+    @property
+    def corrects_energy(self) -> bool:
+        """Whether the formulation holds the energy at its initial value."""
+        return False
 
     @abc.abstractmethod
     def dynamics(self, t, y, context: Context, frozen: PyTree) -> Dynamics:
@@ -131,8 +147,7 @@ def applied_forces(context: Context, t, q, v) -> Float[Array, " nv"]:
     model = context.model
     f = model.forces(t, q, v)
     if context.control is not None:
-        u = jnp.asarray(context.control(t, q, v), dtype=q.dtype)
-        f = f + model.input_matrix(t, q) @ u
+        f = f + apply_input(model, t, q, context.control(t, q, v))
     return f
 
 

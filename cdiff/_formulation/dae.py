@@ -25,13 +25,10 @@ import scipy.linalg
 from .._kinematics import kinematics, velocity_constraints
 from .._linalg import default_rtol
 from .._model import AbstractModel
+from .._projection import NewtonProjection
+from .._results import is_concrete
 from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
 from .lagrange import Lagrange
-
-
-def _is_concrete(*xs) -> bool:
-    leaves = jax.tree.leaves(eqx.filter(xs, eqx.is_array))
-    return not any(isinstance(x, jax.core.Tracer) for x in leaves)
 
 
 def _independent_rows(model, t0, q0, v0, m: int, name: str):
@@ -126,7 +123,7 @@ class AbstractDAEFormulation(AbstractFormulation):
         m = jax.eval_shape(model.holonomic, t0, q0).shape[0]
         p = jax.eval_shape(model.nonholonomic, t0, q0, v0).shape[0]
         rows = self.rows
-        if rows is None and m + p and _is_concrete(model, t0, q0, v0):
+        if rows is None and m + p and is_concrete(model, t0, q0, v0):
             rows = _independent_rows(model, t0, q0, v0, m, type(self).__name__)
         k_kept = m + p if rows is None else len(rows[0])
         m_kept = m if rows is None else len(rows[1])
@@ -176,8 +173,6 @@ class AbstractDAEFormulation(AbstractFormulation):
         acceleration and multipliers of the index-1 system (the KKT solve of
         [`cdiff.Lagrange`][]). The algebraic variables' derivatives are set to zero
         (they do not enter the DAE)."""
-        from .._solver.projected import NewtonProjection
-
         q, v = self.coordinates(t, x, context)
         q, v = NewtonProjection(iterations=4, mass_weighted=True)(context.model, t, q, v)
         dyn = Lagrange().dynamics(t, (q, v), context, None)

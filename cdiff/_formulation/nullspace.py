@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import abc
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -12,7 +13,7 @@ from jaxtyping import Array, Float
 
 from .._kinematics import kinematics
 from .._linalg import PseudoInverse, cho_solve, cholesky, default_rtol, solve_triangular
-from .._model import AbstractModel
+from .._model import AbstractModel, apply_input, input_matrix
 from .._results import error_if
 from .base import (
     AbstractFormulation,
@@ -142,6 +143,8 @@ class NullSpace(AbstractFormulation):
     dof: int | None = eqx.field(static=True, default=None)
     rtol: float | None = eqx.field(static=True, default=None)
 
+    stepwise: ClassVar[bool] = True  # end_step re-orthonormalises R
+
     def __check_init__(self):
         check_gains("NullSpace", alpha=self.alpha, dof=self.dof, rtol=self.rtol)
 
@@ -270,7 +273,7 @@ class NullSpace(AbstractFormulation):
         S, qdot, gamma, M, chol, _ = terms
         model = context.model
         Q = model.forces(t, q, qdot)
-        E = model.input_matrix(t, q)
+        E = input_matrix(model, t, q)
         drift = cho_solve(chol, S.T @ (Q - M @ gamma))
         gain = cho_solve(chol, S.T @ E)
         return ControlAffine(q, nu, qdot, S, gamma, drift, gain)
@@ -304,7 +307,7 @@ class NullSpace(AbstractFormulation):
             # State feedback u(t, x) on eq. 28, from the terms computed above.
             sys = self._control_affine(t, q, nu, terms, context)
             u = jnp.asarray(context.control.feedback(t, sys), dtype=q.dtype)
-            F = model.forces(t, q, qdot) + model.input_matrix(t, q) @ u
+            F = model.forces(t, q, qdot) + apply_input(model, t, q, u)
         else:
             F = applied_forces(context, t, q, qdot)
         nudot = cho_solve(chol, S.T @ (F - M @ gamma))

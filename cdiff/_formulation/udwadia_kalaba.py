@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -94,6 +96,12 @@ class UdwadiaKalaba(AbstractFormulation):
     energy_correction: bool = eqx.field(static=True, default=False)
     energy_damping: float = 0.0
     rtol: float | None = eqx.field(static=True, default=None)
+
+    stepwise: ClassVar[bool] = True  # the Delta terms are frozen at step starts
+
+    @property
+    def corrects_energy(self) -> bool:
+        return self.energy_correction
 
     def __check_init__(self):
         check_gains("UdwadiaKalaba", energy_damping=self.energy_damping,

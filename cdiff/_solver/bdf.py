@@ -49,12 +49,16 @@ from typing import Any
 import equinox as eqx
 import equinox.internal as eqxi
 import jax
+import jax.flatten_util
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 from jaxtyping import Array, Float
 
+from .._formulation.dae import AbstractDAEFormulation
+from .._problem import Problem
 from .._results import RESULTS
+from .._solution import Trajectory
 
 
 class BDF(eqx.Module):
@@ -487,3 +491,56 @@ def bdf_solve(
         "x_stop": x_stop,
     }
     return jnp.concatenate(ts), jnp.concatenate(xs), result, stats
+
+
+def bdf_route(problem: Problem, solver: BDF, *, save: tuple[bool, bool, bool],
+              save_ts, max_steps: int, forward: bool, throw: bool) -> Trajectory:
+    r"""Integrate `problem` by [`bdf_solve`][]: the route of [`cdiff.simulate`][]
+    with [`BDF`][]. A DAE formulation gives its residual, consistent initial state
+    and algebraic variables; an ODE formulation (without per-step data) is posed
+    as $\dot x - f(t, x) = 0$ on its flattened state. `save` is `(t0, t1,
+    steps)`; `stats` gain `q_stop`, the coordinates where the solve ended."""
+    formulation, context = problem.formulation, problem.context
+    t0 = problem.t0
+    if isinstance(formulation, AbstractDAEFormulation):
+        x0, unravel = problem.y0, None
+
+        def residual(t, x, xdot):
+            return formulation.residual(t, x, xdot, context)
+
+        def initial(t, x):
+            return formulation.consistent(t, x, context)
+
+        algebraic = formulation.algebraic
+        monitor = None
+        if formulation.sizes[2]:
+            def monitor(t, x):
+                return formulation.monitor(t, x, context)
+    else:
+        x0, unravel = jax.flatten_util.ravel_pytree(problem.y0)
+
+        def rate(t, x):
+            f = formulation.vector_field(t, unravel(x), context, None)
+            return jax.flatten_util.ravel_pytree(f)[0]
+
+        def residual(t, x, xdot):
+            return xdot - rate(t, x)
+
+        def initial(t, x):
+            return x, rate(t, x)
+
+        algebraic = np.zeros(x0.shape[0], bool)
+        monitor = None
+    ts, xs, result, stats = bdf_solve(
+        residual, initial, t0, problem.t1, x0, problem.dt, algebraic=algebraic,
+        solver=solver, save_t0=save[0], save_t1=save[1], save_steps=save[2],
+        save_ts=save_ts, max_steps=max_steps, monitor=monitor, forward_mode=forward,
+    )
+    ys = xs if unravel is None else jax.vmap(unravel)(xs)
+    x_stop = stats.pop("x_stop")
+    y_stop = x_stop if unravel is None else unravel(x_stop)
+    stats["q_stop"] = formulation.coordinates(stats["t_stop"], y_stop, context)[0]
+    if throw:
+        ts = result.error_if(ts, result != RESULTS.successful)
+    return Trajectory(ts, ys, result, stats)
+

@@ -1,12 +1,17 @@
-"""A solver wrapper that evaluates a formulation's per-step quantities once per step."""
+"""A formulation as a diffrax problem: its vector field, a solver wrapper that
+evaluates its per-step quantities once per step, and the route of
+[`cdiff.simulate`][] through `diffrax.diffeqsolve`."""
 
 from __future__ import annotations
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 
 from .._formulation.base import AbstractFormulation
+from .._problem import Problem, frozen_placeholder
+from .._solution import Trajectory
 from .._xla import compute_once
 from .base import AbstractForwardingSolver
 
@@ -16,25 +21,30 @@ def all_finite(tree) -> jax.Array:
     return jnp.all(jnp.stack([jnp.all(jnp.isfinite(x)) for x in leaves]))
 
 
-def _overrides(formulation, method: str) -> bool:
-    return getattr(type(formulation), method) is not getattr(
-        AbstractFormulation, method
-    )
+class FormulationField(eqx.Module):
+    """A formulation's vector field as diffrax calls it: `args` is
+    `(context, frozen)`, the solve's context and the step's per-step data."""
+
+    formulation: AbstractFormulation
+
+    def __call__(self, t, y, args):
+        context, frozen = args
+        return compute_once(self.formulation.vector_field)(t, y, context, frozen)
 
 
 class FrozenStep(AbstractForwardingSolver):
     """Wraps a diffrax solver so that every step of `formulation` sees the
     quantities `formulation.freeze(t0, t1, y0, context)` computed once at the step
-    start (DESIGN: the Braun-Goldfarb $\\Delta$ terms must not be re-evaluated per
-    stage). diffrax has no hook for this, so, as for post-step projection, it is a
-    wrapper whose `step` calls the inner solver.
+    start (the Braun-Goldfarb $\\Delta$ terms are those of the step start, not of
+    each stage). diffrax has no hook for this, so, as for post-step projection, it
+    is a wrapper whose `step` calls the inner solver.
 
     The diffeqsolve-level `args` is `(context, frozen0)`, with `frozen0` a
     zero-correction placeholder of the right structure; every step replaces it with
-    `formulation.freeze(...)` before calling the inner solver. Because the vector field changes from one step
-    to the next, a first-same-as-last stage cached by the inner solver would be
-    stale, so the inner solver is always told `made_jump=True` when there is
-    frozen data or the formulation maps the state after each step (`end_step`).
+    `formulation.freeze(...)` before calling the inner solver. Because the vector
+    field changes from one step to the next, a first-same-as-last stage cached by
+    the inner solver would be stale, so the inner solver is always told
+    `made_jump=True` when there is frozen data or the formulation is `stepwise`.
     A non-finite state ends the solve with `RESULTS.nonfinite`.
     """
 
@@ -50,7 +60,7 @@ class FrozenStep(AbstractForwardingSolver):
 
     def step(self, terms, t0, t1, y0, args, solver_state, made_jump):
         inner_args = self._args(t0, t1, y0, args)
-        if inner_args[1] is not None or _overrides(self.formulation, "end_step"):
+        if inner_args[1] is not None or self.formulation.stepwise:
             made_jump = True
         y1, y_error, dense_info, solver_state, result = self.solver.step(
             terms, t0, t1, y0, inner_args, solver_state, made_jump
@@ -60,3 +70,29 @@ class FrozenStep(AbstractForwardingSolver):
             all_finite(y1), result, diffrax.RESULTS.nonfinite
         )
         return y1, y_error, dense_info, solver_state, result
+
+
+def diffrax_problem(problem: Problem, solver: diffrax.AbstractSolver, dt):
+    """`(terms, solver, args)` of `problem` for diffrax: the formulation's field,
+    `solver` wrapped in [`FrozenStep`][], and `(context, frozen placeholder)`
+    (the per-step data's structure, for a first step of about `dt`)."""
+    return (diffrax.ODETerm(FormulationField(problem.formulation)),
+            FrozenStep(solver, problem.formulation),
+            (problem.context, frozen_placeholder(problem, dt)))
+
+
+def diffrax_route(problem: Problem, solver: diffrax.AbstractSolver, *, dt0, dt,
+                  stepsize_controller, saveat, adjoint, max_steps: int, throw: bool,
+                  progress: bool) -> Trajectory:
+    """Integrate `problem` by `diffrax.diffeqsolve` (any diffrax solver, step size
+    controller, `saveat` and adjoint): the route of [`cdiff.simulate`][] for
+    everything cdiff's own loops do not cover."""
+    terms, solver, args = diffrax_problem(problem, solver, dt)
+    sol = diffrax.diffeqsolve(
+        terms, solver, problem.t0, problem.t1, dt0, problem.y0, args=args,
+        saveat=saveat, stepsize_controller=stepsize_controller, adjoint=adjoint,
+        max_steps=max_steps, throw=throw,
+        progress_meter=(diffrax.TqdmProgressMeter() if progress
+                        else diffrax.NoProgressMeter()),
+    )
+    return Trajectory(sol.ts, sol.ys, sol.result, sol.stats)

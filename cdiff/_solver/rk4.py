@@ -12,6 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from diffrax._local_interpolation import ThirdOrderHermitePolynomialInterpolation
 
+from .._problem import Problem
+from .._solution import Trajectory
 from .frozen import all_finite
 
 _rk4_tableau = diffrax.ButcherTableau(
@@ -57,7 +59,7 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
     r"""Constant-step RK4 in a `jax.lax.scan`: what `diffrax.diffeqsolve` does with
     [`RK4`][], `FrozenStep` and a constant step, without its general machinery
     (the buffer of all stages, the adaptive step loop, dense output). Used by
-    [`cdiff.simulate`][] for that case (see `benchmarks/RESULTS.md`).
+    [`cdiff.simulate`][] for that case (`rk4_route`).
 
     **Arguments:**
 
@@ -71,8 +73,7 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
       the backward pass recomputes the step's stages (as
       `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per step). True: the
       four stage inputs of every step (R2: about 830 bytes per step against 290),
-      and it recomputes only each stage for its derivative (R2, one trajectory over
-      1000 steps: the gradient 1.3 times faster).
+      and it recomputes only each stage for its derivative, not whole steps.
 
     A step that ends in a non-finite state stops the solve with
     `RESULTS.nonfinite`, as in diffrax: it and the time it reached are saved (the
@@ -90,9 +91,8 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
         # Classic RK4's stage i reads only stage i - 1, y_i = y + a_i k_{i-1}: a loop
         # over the stages carries k_{i-1} and the weighted sum of the k_i (diffrax
         # keeps a buffer of all stages). Checkpointed stages: reverse mode
-        # recomputes each stage for its derivative, which measured 2.2x faster than
-        # storing all four (R2, 1000 steps); unrolled stages run batches 1.1x
-        # faster but one trajectory 1.3x slower.
+        # recomputes each stage for its derivative instead of storing all four
+        # (faster; unrolling the stages is not: see benchmarks/RESULTS.md).
         h = t1 - t0
         frozen = freeze(t0, t1, y)
         dtype = jnp.result_type(h)
@@ -143,3 +143,20 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
     saved_ts, saved_ys = jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
     return saved_ts, saved_ys, result, taken
 
+
+
+def rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
+              save_steps: bool, save_t1: bool, rows: int, keep_stages: bool,
+              throw: bool) -> Trajectory:
+    """Integrate `problem` by [`rk4_solve`][] on the step times `grid_ts`: the route
+    of [`cdiff.simulate`][] for constant-step RK4 known before tracing."""
+    ts, ys, result, taken = rk4_solve(
+        problem.rate, problem.freeze, problem.end_step, grid_ts, problem.y0,
+        steps=steps, save_t0=save_t0, save_steps=save_steps, save_t1=save_t1,
+        rows=rows, keep_stages=keep_stages,
+    )
+    if throw:
+        ts = result.error_if(ts, result != diffrax.RESULTS.successful)
+    stats = dict(max_steps=rows, num_steps=taken, num_accepted_steps=taken,
+                 num_rejected_steps=jnp.zeros_like(taken))
+    return Trajectory(ts, ys, result, stats)

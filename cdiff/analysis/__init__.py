@@ -10,5 +10,6 @@ from ._constraints import IndexMatrix as IndexMatrix
 from ._constraints import reduction_index_matrix as reduction_index_matrix
 from ._constraints import singular_configurations as singular_configurations
 from ._constraints import SingularSearch as SingularSearch
+from .._consistent import inconsistency as inconsistency
 from ._frobenius import frobenius as frobenius
 from ._frobenius import Involutivity as Involutivity

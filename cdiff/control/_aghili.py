@@ -43,7 +43,7 @@ from jaxtyping import Array, Float
 from .._formulation.projection import projector
 from .._kinematics import kinematics, velocity_size
 from .._linalg import MassFactor, PseudoInverse, default_rtol
-from .._model import AbstractModel
+from .._model import AbstractModel, input_matrix
 
 # ---------------------------------------------------------------------------
 # Helpers.
@@ -86,17 +86,13 @@ def _check_gain(owner: str, name: str, G, *, allow_zero: bool) -> None:
                          f"got {value}")
 
 
-def _has_input_matrix(model: AbstractModel) -> bool:
-    """Whether the model overrides the default identity `input_matrix`."""
-    return type(model).input_matrix is not AbstractModel.input_matrix
-
-
 def _to_input(model: AbstractModel, t, q, f, tol, owner: str):
     r"""$u$ with $Eu = f$: $f$ for the default $E = I$, else $u = E^+f$ (smooth
     least squares, `PseudoInverse` of $E^T$), checked at run time."""
-    if not _has_input_matrix(model):
+    E = model.input_matrix(t, q)
+    if E is None:
         return f
-    E = jnp.asarray(model.input_matrix(t, q)).astype(f.dtype)
+    E = jnp.asarray(E).astype(f.dtype)
     u = PseudoInverse(E.T).multipliers(E.T @ f)  # (E^T E)^+ E^T f = E^+ f
     tol = _default_tol(f.dtype) if tol is None else tol
     residual = jnp.linalg.norm(E @ u - f)
@@ -531,7 +527,7 @@ class PassiveJoints(AbstractController):
             mask = jnp.broadcast_to(jnp.asarray(self.actuated), (n,))
             return jnp.diag(mask.astype(q.dtype))
         t = jnp.asarray(t, dtype=q.dtype)
-        E = jnp.asarray(self.model.input_matrix(t, q)).astype(q.dtype)
+        E = input_matrix(self.model, t, q)
         pinv = PseudoInverse(E.T, self.rtol)
         return E @ jax.vmap(pinv.multipliers)(E).T  # E (E^T E)^+ E^T
 

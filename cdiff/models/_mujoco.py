@@ -243,6 +243,20 @@ class MuJoCoModel(AbstractModel):
 
     # -- the model API --------------------------------------------------------------
 
+    @property
+    def conservative(self) -> bool:
+        """`False` when forces that MuJoCo's energy leaves out act: joint or tendon
+        damping (with passive forces on) or an actuator's affine bias (a position or
+        velocity servo). A traced damping (a sweep over it) counts as damping."""
+        m = self.mjx_model
+        damping = [m.dof_damping, m.tendon_damping] if self._passive else []
+        for x in damping:
+            if isinstance(x, jax.core.Tracer) or np.any(np.asarray(x) != 0):
+                return False
+        biased = np.asarray(self._actuated, bool) & (
+            np.asarray(m.actuator_biastype) == _BIAS_AFFINE)
+        return not np.any(biased)
+
     def mass_matrix(self, t, q):
         """MuJoCo's joint-space inertia (armature included), shape `(nv, nv)`."""
         return self._full_m(self._data(q, inertia=True))

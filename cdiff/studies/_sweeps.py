@@ -19,16 +19,13 @@ import numpy as np
 
 from .._formulation.base import AbstractFormulation
 from .._kinematics import kinematics
-from .._model import AbstractModel, has_energy
-from .._simulate import (
-    _checked_context,
-    _VectorField,
-    constant_steps,
-    diagnostics,
-    simulate,
-)
-from .._solver.frozen import FrozenStep
-from .._solver.grid import UniformGrid
+from .._model import AbstractModel
+from .._problem import Problem, check_combination
+from .._results import DIVERGENCE, RESULTS
+from .._simulate import constant_steps, simulate
+from .._solution import Trajectory
+from .._solver.frozen import diffrax_problem
+from .._solver.grid import UniformGrid, grid_solve
 from .._solver.rk4 import RK4
 from .._xla import compiler_options
 from ._chunked import _sweep
@@ -72,7 +69,7 @@ def _trajectory(model, formulation, solver, q0, v0, t1, dt, ts, max_steps):
 
         def residuals(t, q, v):
             kin = kinematics(model, t, q, v)
-            energy = model.energy(t, q, v) if has_energy(model) else None
+            energy = model.energy(t, q, v)
             return kin.phi_q, kin.velocity_residual, energy
 
         return q, v, *jax.vmap(residuals)(ts, q, v)
@@ -92,70 +89,36 @@ def _steps_per_save(dts, t1: float, n_save: int) -> np.ndarray | None:
     return k if np.all(k * n_save == n) else None
 
 
-def _grid_solve(terms, solver, y0, args, t1, k, n_save: int):
-    r"""States after every `k` steps of $h = t_1/(k\,n_\text{save})$ from $t = 0$
-    (the steps `simulate` takes), and whether each was reached by successful
-    steps: the study's integrator on the step grid.
-
-    One `lax.scan` over the measurement times holds a loop of `k` steps, so every
-    measured state is a scan output: under `jax.vmap` over step sizes (a traced
-    `k` per trajectory) nothing is written to a per-trajectory row of a save
-    buffer, and the loop carries the state only. Per step it does what
-    `diffeqsolve` does with [`cdiff.simulate`][]'s `UniformGrid`; a trajectory
-    that fails keeps stepping from its initial state, and its later rows are
-    marked unreached, so that no model function sees a non-finite state.
-    """
-    n = k * n_save
-    dtype = jnp.result_type(t1)
-    ok0 = jnp.asarray(True)
-
-    def step(i, carry):
-        y, state, ok = carry
-        ta = t1 * (jnp.asarray(i, dtype) / jnp.asarray(n, dtype))
-        tb = jnp.where(i + 1 == n, t1,
-                       t1 * (jnp.asarray(i + 1, dtype) / jnp.asarray(n, dtype)))
-        y_in = jax.tree.map(lambda a, b: jnp.where(ok, a, b), y, y0)
-        y1, _, _, state, result = solver.step(terms, ta, tb, y_in, args, state, False)
-        ok = ok & (result == diffrax.RESULTS.successful)
-        return jax.tree.map(lambda a, b: jnp.where(ok, a, b), y1, y), state, ok
-
-    def interval(carry, j):
-        carry = jax.lax.fori_loop(j * k, (j + 1) * k, step, carry)
-        return carry, (carry[0], carry[2])
-
-    state0 = solver.init(terms, jnp.zeros_like(t1), t1 / jnp.asarray(n, dtype), y0, args)
-    _, (ys, ok) = jax.lax.scan(interval, (y0, state0, ok0), jnp.arange(n_save))
-    return ys, ok
-
-
 def _trajectory_on_grid(model, formulation, solver, q0, v0, t1, k, ts):
-    """`_trajectory` for measurement times on every step grid (`_grid_solve`)."""
+    """`_trajectory` for measurement times on every step grid (`grid_solve`)."""
     n_save = ts.shape[0]
     t0 = jnp.zeros_like(t1)
     if isinstance(formulation, Minimal):
         ode = model.minimal_ode()
-        ys, ok = _grid_solve(diffrax.ODETerm(ode.rhs), solver, ode.y0, ode.args, t1,
-                             k, n_save)
+        ys, ok = grid_solve(diffrax.ODETerm(ode.rhs), solver, ode.y0, ode.args, t1,
+                            k, n_save)
         q, v = ode.state(ys)
 
         def residuals(t, q, v):
             kin = kinematics(model, t, q, v)
-            energy = model.energy(t, q, v) if has_energy(model) else None
+            energy = model.energy(t, q, v)
             return kin.phi_q, kin.velocity_residual, energy
 
         phi_q, phi_v, energy = jax.vmap(residuals)(ts, q, v)
     else:
         dt = t1 / jnp.asarray(k * n_save, t1.dtype)
-        q0, t1, dt, context = _checked_context(model, formulation, None, q0, v0, t0,
-                                               t1, dt)
-        y0 = formulation.init_state(t0, q0, v0, context)
-        frozen0 = jax.tree.map(jnp.zeros_like,
-                               formulation.freeze(t0, t0 + dt, y0, context))
-        ys, ok = _grid_solve(diffrax.ODETerm(_VectorField(formulation)),
-                             FrozenStep(solver, formulation), y0, (context, frozen0),
-                             t1, k, n_save)
-        phi_q, phi_v, energy, _, _, q, v = diagnostics(formulation, context, dt, ts,
-                                                       ys)
+        problem = Problem.build(model, formulation, None, q0, v0, t0, t1, dt)
+        terms, stepper, args = diffrax_problem(problem, solver, problem.dt)
+        ys, ok = grid_solve(terms, stepper, problem.y0, args, problem.t1, k, n_save)
+        # The divergence test of simulate on the reached rows: a finite blow-up
+        # fails the trajectory.
+        result = RESULTS.where(jnp.all(ok), RESULTS.successful, RESULTS.nonfinite)
+        sol = problem.solution(Trajectory(jnp.where(ok, ts, jnp.inf), ys, result, {}),
+                               dt=problem.dt, dt_taken=problem.dt, throw=False,
+                               divergence=jnp.asarray(DIVERGENCE, t1.dtype))
+        ok = ok & sol.succeeded
+        q, v, phi_q, phi_v, energy = (sol.q, sol.v, sol.holonomic_residual,
+                                      sol.velocity_residual, sol.energy)
     nan = jnp.asarray(jnp.nan, q.dtype)
     return (jnp.where(ok[:, None], q, nan), jnp.where(ok[:, None], v, nan), phi_q,
             phi_v, energy)
@@ -275,8 +238,8 @@ def _setup(model: AbstractModel, t1, n_save: int, initial_state) -> _Setup:
     q0, v0 = model.initial_state() if initial_state is None else initial_state
     q0, v0 = jnp.asarray(q0, float), jnp.asarray(v0, float)
     ts = jnp.linspace(0.0, t1, n_save + 1)[1:]
-    e0 = (jnp.asarray(model.energy(0.0, q0, v0)) if has_energy(model)
-          else jnp.asarray(jnp.nan))
+    e0 = model.energy(0.0, q0, v0)
+    e0 = jnp.asarray(jnp.nan if e0 is None else e0)
     obs_ref = None
     if hasattr(model, "reference") and hasattr(model, "observable"):
         obs_ref = model.observable(model.reference(ts).q)
@@ -294,7 +257,7 @@ def _check_dts(dts, t1) -> np.ndarray:
     return dts
 
 
-def _check_formulation(model, name, formulation):
+def _check_formulation(model, name, formulation, setup: _Setup):
     if isinstance(formulation, Minimal):
         if not hasattr(model, "minimal_ode"):
             raise ValueError(
@@ -304,13 +267,15 @@ def _check_formulation(model, name, formulation):
     elif not isinstance(formulation, AbstractFormulation):
         raise TypeError(f"cdiff.studies: '{name}' is not a cdiff formulation: "
                         f"{formulation!r}")
+    else:
+        check_combination(model, formulation, None, setup.q0, setup.v0, 0.0)
 
 
 def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
          repeat: int = 1):
     """The measures of every step size (rows of `dts`) in one vmapped call,
     and its timings. When every measurement time ends a step of every step size
-    the study's own loop on the step grid runs (`_grid_solve`), else
+    the study's own loop on the step grid runs (`grid_solve`), else
     `diffeqsolve` with `SaveAt(ts)` (interpolating between steps)."""
     n = len(dts)
     axes = _axes(formulation, n)
@@ -470,10 +435,10 @@ def step_size_study(
     from earlier in the process).
     """
     named = _named(formulations)
-    for name, formulation in named.items():
-        _check_formulation(model, name, formulation)
     dts = _check_dts(dts, float(t1))
     setup = _setup(model, t1, n_save, initial_state)
+    for name, formulation in named.items():
+        _check_formulation(model, name, formulation, setup)
     solver = RK4() if solver is None else solver
     rows: dict[str, list] = {k: [] for k in ("formulation", "dt", "steps", *_METRICS,
                                              "time", "batch_time", "compile_time")}
@@ -625,6 +590,7 @@ def gain_sweep(
             raise ValueError(f"{type(formulation).__name__} has no field '{name}'")
     dts = _check_dts(dts, float(t1))
     setup = _setup(model, t1, n_save, initial_state)
+    check_combination(model, formulation, None, setup.q0, setup.v0, 0.0)
     solver = RK4() if solver is None else solver
     names = list(gains)
     grid = list(itertools.product(*(np.atleast_1d(np.asarray(gains[n], float))

@@ -1,0 +1,121 @@
+"""One solve, set up once: what every integration route receives."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float, PyTree
+
+from ._formulation.base import AbstractFormulation, Context
+from ._formulation.nullspace import AbstractStateFeedback, NullSpace
+from ._model import has_energy
+from ._solution import Solution, Trajectory, build_solution
+from ._xla import compute_once
+
+
+class Problem(eqx.Module):
+    """A formulation bound to one solve (inside `jit`): the checked times and
+    initial state, the solve's [`Context`][] (model, controller, initial energy,
+    the formulation's prepared constants) and the formulation's initial state
+    `y0`. Routes integrate `rate` (with the per-step data of `freeze` and the map
+    `end_step`) from `y0` and hand their [`Trajectory`][] to `solution`.
+
+    Build it with `Problem.build`, never directly: that is where the run-time
+    checks of the arguments live.
+    """
+
+    formulation: AbstractFormulation
+    context: Context
+    t0: Float[Array, ""]
+    t1: Float[Array, ""]
+    dt: Float[Array, ""]
+    q0: Float[Array, " nq"]
+    v0: Float[Array, " nv"]
+    y0: PyTree
+
+    @classmethod
+    def build(cls, model, formulation: AbstractFormulation, control, q0, v0, t0, t1,
+              dt) -> Problem:
+        """Check the times and the initial state at run time (`eqx.error_if`: the
+        values may be traced) and set the solve up: the initial energy, the
+        formulation's `prepare` and `init_state`."""
+        dt = eqx.error_if(dt, ~((dt > 0) & jnp.isfinite(dt)),
+                          "cdiff.simulate: dt must be positive and finite")
+        t1 = eqx.error_if(t1, ~(t1 > t0),
+                          "cdiff.simulate: t1 must be greater than t0")
+        q0 = eqx.error_if(
+            q0,
+            ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
+            "cdiff.simulate: the initial state (q0, v0) is not finite",
+        )
+        e0 = model.energy(t0, q0, v0)
+        e0 = jnp.asarray(jnp.nan if e0 is None else e0, q0.dtype)
+        aux = formulation.prepare(model, t0, q0, v0)
+        context = Context(model, control, e0, aux, formulation)
+        y0 = formulation.init_state(t0, q0, v0, context)
+        return cls(formulation, context, t0, t1, dt, q0, v0, y0)
+
+    def rate(self, t, y, frozen) -> PyTree:
+        """The formulation's vector field with the per-step data `frozen`."""
+        return compute_once(self.formulation.vector_field)(t, y, self.context, frozen)
+
+    def freeze(self, t0, t1, y) -> PyTree:
+        """The per-step data of a step from `(t0, y)` to `t1`."""
+        return compute_once(self.formulation.freeze)(t0, t1, y, self.context)
+
+    def end_step(self, t, y) -> PyTree:
+        """The formulation's map of the state at the end of a step."""
+        return self.formulation.end_step(t, y, self.context)
+
+    def solution(self, trajectory: Trajectory, *, dt, dt_taken, throw: bool,
+                 divergence) -> Solution:
+        """The [`Solution`][] of a route's `trajectory` (see `build_solution`)."""
+        return build_solution(self.formulation, self.context, trajectory,
+                              (self.q0, self.v0), dt=dt, dt_taken=dt_taken,
+                              throw=throw, divergence=divergence)
+
+
+def frozen_placeholder(problem: Problem, dt) -> Any:
+    """A zero value with the structure of the per-step data (for solvers that need
+    the structure before the first step)."""
+    frozen = problem.formulation.freeze(problem.t0, problem.t0 + dt, problem.y0,
+                                        problem.context)
+    return jax.tree.map(jnp.zeros_like, frozen)
+
+
+def check_combination(model, formulation, control, q0, v0, t0) -> None:
+    """Refuse, before tracing, a model, formulation and controller that do not go
+    together: energy correction without a conservative model's energy or with a
+    controller, state feedback on a formulation without its state."""
+    name = type(formulation).__name__
+    if formulation.corrects_energy:
+        name = f"{name} (corrects_energy: e.g. energy_correction=True)"
+        if not has_energy(model, t0, q0, v0):
+            raise ValueError(
+                f"cdiff: {name} holds the energy at its initial value, but "
+                f"{type(model).__name__} defines no energy(t, q, v)."
+            )
+        if not model.conservative:
+            raise ValueError(
+                f"cdiff: {name} holds the energy at its initial value, but "
+                f"{type(model).__name__} is not conservative (its forces change the "
+                "energy); turn the energy correction off."
+            )
+        if control is not None:
+            raise ValueError(
+                f"cdiff: {name} holds the energy at its initial value "
+                "(a conservative system, eq. 18 with zero energy input) and would "
+                "cancel the work of `control`; turn the energy correction off with "
+                "a controller."
+            )
+    if isinstance(control, AbstractStateFeedback) and not isinstance(
+        formulation, NullSpace
+    ):
+        raise ValueError(
+            f"cdiff: {type(control).__name__} is state feedback on "
+            "Yun-Sarkar's null-space state (q, nu) and needs "
+            f"formulation=cdiff.NullSpace(...), got {name}."
+        )

@@ -1,0 +1,212 @@
+"""The result of a solve: `Solution`, and how every route builds it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import diffrax
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jaxtyping import Array, Bool, Float
+
+from ._formulation.base import AbstractFormulation, Context
+from ._kinematics import kinematics
+from ._model import AbstractModel
+from ._results import RESULTS
+
+
+class Solution(eqx.Module):
+    r"""The result of [`cdiff.simulate`][].
+
+    Rows are saved times. Where fewer steps were taken than `max_steps` allows
+    (for example under `jax.vmap` over step sizes), the unused trailing rows are
+    `inf`, as in diffrax.
+
+    **Attributes:**
+
+    - `ts`: saved times, shape `(T,)`.
+    - `q`, `v`: coordinates and velocities, shapes `(T, nq)` and `(T, nv)`.
+    - `holonomic_residual`: $\Phi_q(t, q)$, shape `(T, m)`.
+    - `velocity_residual`: $[\dot\Phi_q; \Phi_v]$, shape `(T, m + p)`.
+    - `energy`: $E(t, q, v)$, shape `(T,)`, or `None` if the model defines no energy.
+    - `constraint_force`: the generalized constraint force $Q_c$ the formulation
+      applies, shape `(T, nv)`, with $M\ddot q = Q + Eu + Q_c$: the multiplier force
+      $A_v^T\lambda$ for [`cdiff.Lagrange`][], the ideal force term of eq. 11 for
+      [`cdiff.UdwadiaKalaba`][] (the nonideal energy-correction force is not
+      included), eq. 32 for [`cdiff.Projection`][].
+    - `multipliers`: $\lambda$ with $Q_c = A_v^T\lambda$, shape `(T, m + p)`. It is
+      unique only when $A_v$ has full row rank (Aghili, Remark 4); at a singular or
+      redundant configuration it is the minimum-norm choice.
+    - `state`: the formulation's own state at the saved times (`(q, v)` for most;
+      `(q, nu, R)` for [`cdiff.NullSpace`][]).
+    - `result`: the result code, a [`cdiff.RESULTS`][] (diffrax's codes, BDF's
+      and `diverged`); see [`cdiff.Solution.message`][] and `succeeded` (a
+      boolean, per trajectory).
+    - `dt`: the step size actually taken by a constant-step solve,
+      $T/\lceil T/dt\rceil$, which differs from the requested `dt` when that does
+      not divide the horizon $T = t_1 - t_0$. `NaN` for adaptive solves.
+    - `stats`: the solver's statistics (numbers of steps; for [`cdiff.BDF`][] also
+      `t_stop` and `q_stop`, where the solve ended); `t_diverged`, the first saved
+      time that failed the divergence test (`inf` if none).
+    """
+
+    ts: Float[Array, " T"]
+    q: Float[Array, "T nq"]
+    v: Float[Array, "T nv"]
+    holonomic_residual: Float[Array, "T m"]
+    velocity_residual: Float[Array, "T k"]
+    energy: Float[Array, " T"] | None
+    constraint_force: Float[Array, "T nv"]
+    multipliers: Float[Array, "T k"]
+    state: Any
+    result: Any
+    dt: Float[Array, ""]
+    stats: dict[str, Any]
+
+    @property
+    def succeeded(self) -> Bool[Array, "*batch"]:
+        """Whether the solve reached `t1` (a boolean array, one per trajectory of a
+        batched solution; works inside `jit` and `vmap`)."""
+        return self.result == RESULTS.successful
+
+    @property
+    def message(self) -> str:
+        """The result as text ('' on success), with the time and configuration where
+        the solve stopped when the solver reports them. Only outside `jit`."""
+        text = RESULTS[self.result]
+        if np.ndim(self.result._value) or np.ndim(text):  # batched: the codes' texts
+            return text
+        if self.result == RESULTS.diverged:
+            text += f" First at t = {float(self.stats['t_diverged']):.9g} s."
+        elif text and "t_stop" in self.stats:
+            q = np.array2string(np.asarray(self.stats["q_stop"]), precision=6)
+            text += (
+                f" Stopped at t = {float(self.stats['t_stop']):.9g} s, q = {q}."
+            )
+        return text
+
+    @property
+    def max_constraint_error(self) -> Float[Array, ""]:
+        r"""$\max_t \|\Phi_q\|_\infty$ over the saved (finite) rows."""
+        return _finite_max(jnp.abs(self.holonomic_residual))
+
+    @property
+    def max_energy_error(self) -> Float[Array, ""]:
+        r"""$\max_t |E(t) - E(t_0)|$ (`NaN` without an energy)."""
+        if self.energy is None:
+            return jnp.asarray(jnp.nan)
+        return _finite_max(jnp.abs(self.energy - self.energy[..., :1]))
+
+    def animate(self, model: AbstractModel, path, **kwargs) -> Path:
+        """Write a GIF or MP4 of the motion: `cdiff.animate(model, self, path,
+        **kwargs)` (see [`cdiff.animate`][] for the arguments). Only outside `jit`.
+
+        **Returns:** the `pathlib.Path` written.
+        """
+        from ._animate import animate  # lazily: matplotlib only when asked
+
+        return animate(model, self, path, **kwargs)
+
+
+def _finite_max(x):
+    x = jnp.where(jnp.isfinite(x), x, -jnp.inf)
+    if x.size == 0:
+        return jnp.zeros((), x.dtype)
+    return jnp.max(x)
+
+
+class Trajectory(eqx.Module):
+    """What an integration route returns: the saved times `ts` (`inf` in unused
+    rows), the formulation's states `ys` at them, the solver's `result` and
+    `stats`."""
+
+    ts: Any
+    ys: Any
+    result: Any
+    stats: dict
+
+
+_DIAGNOSTICS_CHUNK = 4096
+
+
+def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
+    """Constraint residuals, energy, constraint force, multipliers and `(q, v)`
+    along saved states (the formulation's per-step data taken with step `dt` from
+    each state); rows of unused saves (inf) stay inf."""
+    model = context.model
+    valid = jnp.isfinite(ts)
+
+    def one(t, y):
+        q, v = formulation.coordinates(t, y, context)
+        kin = kinematics(model, t, q, v)
+        e = model.energy(t, q, v)
+        frozen = formulation.freeze(t, t + dt, y, context)
+        dyn = formulation.dynamics(t, y, context, frozen)
+        return kin.phi_q, kin.velocity_residual, e, dyn.force, dyn.multipliers, q, v
+
+    safe_ys = jax.tree.map(
+        lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
+    )
+    # In chunks: one vmap over more than 8192 rows containing eqx.error_if's
+    # callback deadlocks XLA's CPU runtime (jaxlib 0.10.2). lax.map's chunking
+    # fails on outputs of size zero (a model without holonomic rows), so those
+    # are made directly.
+    args = (jnp.where(valid, ts, 0.0), safe_ys)
+    shapes = jax.eval_shape(jax.vmap(lambda a: one(*a)), args)
+    empty = [s is not None and s.size == 0 for s in shapes]
+
+    def nonempty(a):
+        return tuple(None if e else x for x, e in zip(one(*a), empty))
+
+    out = jax.lax.map(nonempty, args, batch_size=_DIAGNOSTICS_CHUNK)
+    out = tuple(jnp.zeros(s.shape, s.dtype) if e else x
+                for x, s, e in zip(out, shapes, empty))
+
+    def mask(x):
+        if x is None:
+            return None
+        inf = jnp.asarray(jnp.inf, x.dtype)
+        return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, inf)
+
+    return tuple(mask(x) for x in out)
+
+
+def build_solution(formulation: AbstractFormulation, context: Context,
+                   trajectory: Trajectory, state0, *, dt, dt_taken, throw: bool,
+                   divergence) -> Solution:
+    """The `Solution` of every route: the diagnostics along the saved states (the
+    per-step data taken with step `dt`), the result promoted to `cdiff.RESULTS`,
+    and the divergence test (see `cdiff.simulate`), raised with `throw`.
+    `state0` is the user's `(q0, v0)`, the scale of the test."""
+    ts, ys, result = trajectory.ts, trajectory.ys, trajectory.result
+    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, dt, ts, ys)
+    if result._enumeration is not RESULTS:
+        result = RESULTS.promote(result)
+    stats = dict(trajectory.stats)
+    # `divergence` is traced (inf: no test), so that its values share a compilation.
+    scale = jnp.maximum(1.0, jnp.maximum(jnp.abs(state0[0]).max(),
+                                         jnp.abs(state0[1]).max()))
+    size = jnp.stack([jnp.abs(x).max(axis=-1, initial=0.0)
+                      for x in (q, v, hol, vel)], axis=-1).max(axis=-1)
+    # Unused rows (t = inf) are not tested; non-finite rows fail.
+    bad = jnp.isfinite(ts) & ~(size <= divergence * scale)
+    stats["t_diverged"] = jnp.min(jnp.where(bad, ts, jnp.inf), initial=jnp.inf)
+    result = RESULTS.where((result == RESULTS.successful) & jnp.any(bad),
+                           RESULTS.diverged, result)
+    if throw:
+        ts = result.error_if(ts, result == RESULTS.diverged)
+    return Solution(ts, q, v, hol, vel, energy, force, lam, ys, result, dt_taken,
+                    stats)
+
+
+def plain_saveat(saveat: diffrax.SaveAt) -> diffrax.SubSaveAt | None:
+    """The one `SubSaveAt` of a `SaveAt` that saves the state at `t0`, `t1`, `ts`
+    and/or `steps` (no nested `SaveAt`, no `fn`, no dense output), else None."""
+    subs = jax.tree.leaves(saveat.subs,
+                           is_leaf=lambda x: isinstance(x, diffrax.SubSaveAt))
+    if len(subs) != 1 or getattr(subs[0].fn, "__name__", "") != "save_y":
+        return None
+    return None if saveat.dense else subs[0]
