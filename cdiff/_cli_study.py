@@ -32,8 +32,9 @@ def add_parser(sub, number) -> None:
         help="errors and cost against the step size (Braun-Goldfarb Fig. 4)",
         description="Max constraint, energy and overall error and the cost against "
         "the step size for Baumgarte at its best gains (from a gain sweep), "
-        "Udwadia-Kalaba with and without energy correction and RK4 on the minimal "
-        "ODE (where the model has one). Writes DIR/MODEL-step-size.{csv,npz,png}.",
+        "Udwadia-Kalaba with and without energy correction (with it only for a "
+        "conservative model with an energy) and RK4 on the minimal ODE (where the "
+        "model has one). Writes DIR/MODEL-step-size.{csv,npz,png}.",
     )
     gains = kinds.add_parser(
         "gains",
@@ -98,8 +99,6 @@ def run(args) -> int:
     """Run `cdiff study ...` with parsed `args`; returns the exit status."""
     model = MODELS[args.model]()
     if args.study == "gains":
-        if args.formulation == "null-space" and args.betas is not None:
-            args.parser.error("--betas apply to --formulation lagrange only")
         formulation = (cdiff.NullSpace() if args.formulation == "null-space"
                        else cdiff.Lagrange())
         sweep = _sweep(model, args, formulation, args.alphas, args.betas)
@@ -112,9 +111,14 @@ def run(args) -> int:
     best = _sweep(model, args).best_formulation()
     formulations = {"Baumgarte (best gains)": best,
                     "UK, constraint correction": cdiff.UdwadiaKalaba()}
-    if has_energy(model):
-        formulations["UK, constraint + energy correction"] = cdiff.UdwadiaKalaba(
-            energy_correction=True)
+    energy_row = "UK, constraint + energy correction"
+    if not has_energy(model, 0.0, *model.initial_state()):
+        print(f"leaving out {energy_row!r}: {args.model} defines no energy")
+    elif not getattr(model, "conservative", True):
+        print(f"leaving out {energy_row!r}: {args.model} is not conservative (its "
+              "applied forces do work on it), so there is no energy to keep")
+    else:
+        formulations[energy_row] = cdiff.UdwadiaKalaba(energy_correction=True)
     if hasattr(model, "minimal_ode"):
         formulations["RK4 on the minimal ODE"] = cdiff.studies.Minimal()
     study = cdiff.studies.step_size_study(
@@ -125,9 +129,23 @@ def run(args) -> int:
     return 0
 
 
+def outputs(args) -> list[str]:
+    """The names of the files `run(args)` writes in `args.out`."""
+    stem = f"{args.model}-{'gains' if args.study == 'gains' else 'step-size'}"
+    names = [f"{stem}{suffix}" for suffix in (".csv", ".npz", ".png")]
+    if args.study == "gains":
+        names.append(f"{args.model}-gains-best.csv")
+    return names
+
+
 def check(args, parser: argparse.ArgumentParser) -> None:
     """Argument checks that argparse cannot express."""
     if any(dt > args.t1 for dt in args.dts):
         parser.error(f"every --dts value must be at most --t1 = {args.t1}")
     if len(set(np.round(args.dts, 15))) != len(args.dts):
         parser.error("--dts values must be distinct")
+    if args.n_save is not None and args.n_save < 1:
+        parser.error("--n-save must be a positive integer")
+    if (args.study == "gains" and args.formulation == "null-space"
+            and args.betas is not None):
+        parser.error("--betas apply to --formulation lagrange only")

@@ -14,9 +14,17 @@ cdiff study gains slider-crank [--formulation lagrange|null-space] [--alphas A .
 with the model's exact reference solution, prints a table of errors and timings and
 writes `DIR/MODEL.png` and `DIR/MODEL.npz`. A MuJoCo file (MJCF or URDF) runs from
 its first keyframe (or `qpos0`) projected onto its constraints, with the constraint
-and energy errors but no reference. User errors (unknown names, bad numbers)
-print `cdiff: error: ...` and exit with status 2; a solve that stops early (for
-example on a non-finite state) still writes what it has and exits with status 1.
+and energy errors but no reference. A model that is not conservative (its
+`conservative` is False, e.g. the snakeboard) reports its energy change over the
+run instead of an energy error, and refuses `--energy-correction`; errors that do
+not apply (no holonomic constraints, no energy, no reference) print as `n/a` and
+are `null` in the summary saved in the npz (`settings`).
+
+User errors (unknown names, bad numbers, options that do not go together, an
+`--out` that is a file or cannot be written) print `cdiff: error: ...` and exit
+with status 2, before any work. A solve that fails (it diverges, or stops early)
+prints `cdiff: error: ...` with the time it failed, writes what is meaningful (the
+rows before the failure; nothing if there are none) and exits with status 1.
 """
 
 from __future__ import annotations
@@ -26,6 +34,7 @@ import functools
 import inspect
 import json
 import math
+import os
 import sys
 import time
 from pathlib import Path
@@ -39,6 +48,7 @@ import numpy as np
 import cdiff
 from cdiff import _cli_study
 from cdiff._animate import check_target as check_animation_target
+from cdiff._model import check_model
 from cdiff._model import has_energy as model_has_energy
 from cdiff.models import MJCF_LIBRARY, MODELS
 
@@ -312,13 +322,27 @@ def _run(args, parser) -> int:
     model = case.model
     animation_path = _animation_path(args, parser, model, case.name)
     formulation = _formulation(args, parser)
-    has_energy = model_has_energy(model)
-    if args.energy_correction and not has_energy:
-        parser.error(f"{case.name} defines no energy: --energy-correction needs one")
     t1 = case.t1 if args.t1 is None else args.t1
     dt = case.dt if args.dt is None else args.dt
     dtype = jnp.float32 if args.float32 else jnp.float64
     q0, v0 = (jnp.asarray(x, dtype) for x in (case.q0, case.v0))
+    # The model's shapes (a ValueError naming the method), then what it declares.
+    _, n_holonomic, n_nonholonomic = check_model(model, jnp.zeros((), dtype), q0, v0)
+    has_energy = model_has_energy(model, jnp.zeros((), dtype), q0, v0)
+    conservative = bool(model.conservative)
+    if args.energy_correction and not has_energy:
+        parser.error(f"{case.name} defines no energy: --energy-correction needs one")
+    if args.energy_correction and not conservative:
+        parser.error(
+            f"--energy-correction: {case.name} is not conservative (its applied "
+            "forces do work on it, so its energy is meant to change); the energy "
+            "correction would drive it back to its initial energy and remove that "
+            "work"
+        )
+    _check_out(parser, "--out", args.out, [f"{case.name}.png", f"{case.name}.npz"])
+    if animation_path is not None:
+        _check_out(parser, "--animate", animation_path.parent,
+                   [animation_path.name])
     progress = not args.no_progress and sys.stderr.isatty()
 
     # Settle static choices (NullSpace's dof) from the concrete initial state, then
@@ -352,12 +376,20 @@ def _run(args, parser) -> int:
     run_time = time.perf_counter() - compiled_at
     compile_time = compiled_at - start
 
-    # Compare with the exact reference on the saved rows (a failed solve leaves
-    # trailing inf rows).
+    # The meaningful rows: saved (a solve that stops early leaves trailing inf
+    # rows), finite, and before the divergence of a solve that blew up (those rows
+    # are huge, then inf or NaN).
     steps = int(sol.stats["num_steps"])
-    valid = np.isfinite(np.asarray(sol.ts))
-    ts = np.asarray(sol.ts)[valid]
-    if case.reference is not None:
+    ts_all = np.asarray(sol.ts)
+    t_diverged = float(sol.stats.get("t_diverged", np.inf))
+    # (A solve stopped by a non-finite step fails the divergence test too.)
+    diverged = bool(sol.result == cdiff.RESULTS.diverged) or (
+        bool(sol.message) and math.isfinite(t_diverged))
+    valid = (np.isfinite(ts_all) & (ts_all < t_diverged)
+             & np.all(np.isfinite(np.asarray(sol.q)), axis=-1)
+             & np.all(np.isfinite(np.asarray(sol.v)), axis=-1))
+    ts = ts_all[valid]
+    if ts.size and case.reference is not None:
         ref = case.reference(ts)
         obs = np.asarray(case.observable(sol.q[valid]), np.float64)
         ref_obs = np.asarray(case.observable(ref.q), np.float64)
@@ -365,11 +397,23 @@ def _run(args, parser) -> int:
         names = case.observable_names or tuple(
             f"observable {i}" for i in range(obs.shape[-1])
         )
-        obs_row = f"{np.nanmax(obs_error):.3e}  ({_names_summary(names)})"
     else:
         ref = obs = ref_obs = obs_error = None
         names = ()
-        obs_row = "n/a (no reference solution)"
+    data = {
+        "ts": ts,
+        "q": np.asarray(sol.q)[valid],
+        "v": np.asarray(sol.v)[valid],
+        "holonomic_residual": np.asarray(sol.holonomic_residual)[valid],
+        "velocity_residual": np.asarray(sol.velocity_residual)[valid],
+    }
+    if ref is not None:
+        data.update(reference_q=np.asarray(ref.q), reference_v=np.asarray(ref.v),
+                    observable=obs, reference_observable=ref_obs,
+                    observable_error=obs_error)
+    if sol.energy is not None:
+        data["energy"] = np.asarray(sol.energy)[valid]
+    summary = _errors(data, n_holonomic, n_nonholonomic, conservative)
 
     dt_taken = float(sol.dt)
     if dae:
@@ -378,11 +422,25 @@ def _run(args, parser) -> int:
     else:
         asked = "" if math.isclose(dt_taken, dt, rel_tol=1e-6) else f" (asked {dt:g})"
         dt_row = f"{dt_taken:.6g} s{asked}"
-    energy = (
-        f"{float(sol.max_energy_error):.3e}  (|E - E0|, J)"
-        if has_energy
-        else "n/a (the model defines no energy)"
-    )
+    if ts.size == 0:
+        na = "n/a (no row before the failure)"
+        constraint_row = velocity_row = energy_row = obs_row = na
+    else:
+        constraint_row = _value(summary["max_constraint_error"], "(|Phi_q|)",
+                                "n/a (no holonomic constraints)")
+        velocity_row = _value(summary["max_velocity_constraint_error"],
+                              "(|[dPhi_q/dt; Phi_v]|)", "n/a (no constraints)")
+        energy_row = _value(summary["max_energy_error"], "(|E - E0|, J)",
+                            "n/a (the model defines no energy)")
+        obs_row = _value(summary["max_observable_error"],
+                         f"({_names_summary(names)})",
+                         "n/a (no reference solution)")
+    energy_key = "max energy error"
+    if has_energy and not conservative:
+        energy_key = "energy change over the run"
+        if ts.size:
+            energy_row = (f"{summary['energy_change']:.3e} J  (E(t_end) - E0; the "
+                          "model is not conservative)")
     rows = [
         ("model", args.model if case.name == args.model else
          f"{case.name} ({args.model})"),
@@ -393,8 +451,9 @@ def _run(args, parser) -> int:
         ("t1", f"{t1:g} s"),
         ("dt", dt_row),
         ("steps", f"{steps}"),
-        ("max constraint error", f"{float(sol.max_constraint_error):.3e}  (|Phi_q|)"),
-        ("max energy error", energy),
+        ("max constraint error", constraint_row),
+        ("max velocity constraint error", velocity_row),
+        (energy_key, energy_row),
         ("max observable error", obs_row),
         (
             "wall time",
@@ -403,6 +462,8 @@ def _run(args, parser) -> int:
         ),
         ("steps/s", f"{steps / run_time:,.0f}  (run only)"),
     ]
+    if sol.message:
+        rows.insert(8, ("result", "diverged" if diverged else "stopped early"))
     width = max(len(k) for k, _ in rows)
     for key, value in rows:
         print(f"{key:<{width}}  {value}")
@@ -428,41 +489,107 @@ def _run(args, parser) -> int:
         "compile_time_s": compile_time,
         "run_time_s": run_time,
         "result": sol.message,
+        "t_diverged": t_diverged if diverged else None,
+        "conservative": conservative,
+        # The errors over the saved rows (those before a failure); null where
+        # they do not apply (printed as n/a).
+        **summary,
         "observable_names": list(names),
         "cdiff_version": cdiff.__version__,
     }
-    data = {
-        "ts": ts,
-        "q": np.asarray(sol.q)[valid],
-        "v": np.asarray(sol.v)[valid],
-        "holonomic_residual": np.asarray(sol.holonomic_residual)[valid],
-        "velocity_residual": np.asarray(sol.velocity_residual)[valid],
-        "settings": np.asarray(json.dumps(settings)),
-    }
-    if ref is not None:
-        data.update(reference_q=np.asarray(ref.q), reference_v=np.asarray(ref.v),
-                    observable=obs, reference_observable=ref_obs,
-                    observable_error=obs_error)
-    if sol.energy is not None:
-        data["energy"] = np.asarray(sol.energy)[valid]
+    data["settings"] = np.asarray(json.dumps(settings))
 
-    args.out.mkdir(parents=True, exist_ok=True)
     npz_path = args.out / f"{case.name}.npz"
     png_path = args.out / f"{case.name}.png"
-    np.savez(npz_path, **data)
-    with np.errstate(all="ignore"):  # log axes of a diverged run overflow
+    if ts.size:
+        np.savez(npz_path, **data)
         step = f"BDF rtol={solver.rtol:g}" if dae else f"dt={dt_taken:g}"
-        _plot(png_path, data, names, f"{case.name}, {formulation}, {step}")
-    print(f"wrote {png_path}")
-    print(f"wrote {npz_path}")
-    if animation_path is not None:
-        title = f"{case.name}, {args.formulation}"
-        print(f"wrote {cdiff.animate(model, sol, animation_path, title=title)}")
+        title = f"{case.name}, {formulation}, {step}"
+        if diverged:
+            title += f" (diverged at t = {t_diverged:g} s)"
+        with np.errstate(all="ignore"):
+            _plot(png_path, data, names, title)
+        print(f"wrote {png_path}")
+        print(f"wrote {npz_path}")
+        if animation_path is not None:
+            # The meaningful rows only (a diverged run's last rows are huge):
+            # animate skips rows whose time is not finite.
+            title = f"{case.name}, {args.formulation}"
+            motion = eqx.tree_at(lambda s: s.ts, sol,
+                                 jnp.where(jnp.asarray(valid), sol.ts, jnp.inf))
+            print(f"wrote {cdiff.animate(model, motion, animation_path, title=title)}")
+    else:
+        print("wrote nothing: no saved state before the failure")
     if sol.message:
-        print(f"cdiff: warning: the solve stopped early at t = {ts[-1]:g}: "
-              f"{sol.message}", file=sys.stderr)
+        if diverged:
+            what = f"diverged at t = {t_diverged:g} s"
+        else:
+            what = "stopped early" + (f" after t = {ts[-1]:g} s" if ts.size else "")
+        kept = (f"; the {ts.size} saved states before it are in {npz_path}"
+                if ts.size else "")
+        print(f"cdiff: error: the solve {what}{kept}. {sol.message}",
+              file=sys.stderr)
         return 1
     return 0
+
+
+def _value(x, unit: str, missing: str) -> str:
+    """A table entry: `x` in scientific notation with its unit, `missing` for None."""
+    return missing if x is None else f"{x:.3e}  {unit}"
+
+
+def _errors(data: dict, n_holonomic: int, n_nonholonomic: int,
+            conservative: bool) -> dict:
+    """The largest errors over the rows of `data`, as Python floats, `None` where
+    one does not apply: no holonomic constraints, no constraints at all, no energy
+    (or, for the energy *error*, a model that is not conservative: its energy
+    change instead), no reference, or no rows."""
+    def largest(key, applies=True):
+        x = data.get(key)
+        if not applies or x is None or x.size == 0:
+            return None
+        return float(np.max(np.abs(x)))
+
+    energy = data.get("energy")
+    change = (None if energy is None or energy.size == 0
+              else float(energy[-1] - energy[0]))
+    return {
+        "max_constraint_error": largest("holonomic_residual", n_holonomic > 0),
+        "max_velocity_constraint_error": largest(
+            "velocity_residual", n_holonomic + n_nonholonomic > 0),
+        "max_energy_error": (None if energy is None or not conservative
+                             or energy.size == 0
+                             else float(np.max(np.abs(energy - energy[0])))),
+        "energy_change": change,
+        "max_observable_error": largest("observable_error"),
+    }
+
+
+def _check_out(parser, option: str, directory: Path, names) -> None:
+    """`parser.error`, before the run, unless `directory` is (or can be created as)
+    a writable folder in which the files `names` can be written; creates it."""
+    if directory.exists() and not directory.is_dir():
+        parser.error(f"{option} {directory}: exists and is not a directory")
+    existing = directory
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        parser.error(f"{option} {directory}: cannot create it, {existing} is a file")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        parser.error(f"{option} {directory}: cannot write in {existing} (permission "
+                     "denied)")
+    for name in names:
+        target = directory / name
+        if target.is_dir():
+            parser.error(f"{option} {directory}: cannot write {target}, a directory "
+                         "of that name is in the way")
+        if target.exists() and not os.access(target, os.W_OK):
+            parser.error(f"{option} {directory}: cannot overwrite {target} "
+                         "(permission denied)")
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        parser.error(f"{option} {directory}: cannot create it ({e.strerror or e})")
 
 
 def _animation_path(args, parser, model, name: str | None = None) -> Path | None:
@@ -493,9 +620,10 @@ _PLOTTED = 4
 def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:
     """Observable with reference (without a reference: the coordinates), constraint
     residuals, energy error and observable error against time, stacked, in one PNG
-    (Agg canvas; pyplot is not touched)."""
+    (Agg canvas; pyplot is not touched). Non-finite values are left out (gaps)."""
     from matplotlib.figure import Figure
 
+    data = {k: _finite(v) for k, v in data.items() if k != "settings"}
     ts = data["ts"]
     has_reference = "observable" in data
     panels = 2 + ("energy" in data) + has_reference
@@ -536,13 +664,26 @@ def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:
     fig.savefig(path, dpi=110)
 
 
+def _finite(x: np.ndarray) -> np.ndarray:
+    """`x` with its non-finite values, and those too large for a log axis, NaN
+    (matplotlib leaves NaN out; inf, or a huge value, breaks its tick
+    locators)."""
+    x = np.asarray(x)
+    if x.dtype.kind != "f":
+        return x
+    with np.errstate(invalid="ignore"):
+        return np.where(np.isfinite(x) & (np.abs(x) < 1e150), x, np.nan)
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the `cdiff` command line with `argv` (default `sys.argv[1:]`).
 
-    **Returns:** the exit status: 0 on success, 1 if the solve stopped early.
+    **Returns:** the exit status: 0 on success, 1 if the solve failed (diverged
+    or stopped early; the message says when).
 
     **Raises:** `SystemExit(2)` on user errors (unknown names, bad numbers, options
-    that do not go together), after printing `cdiff: error: ...` to stderr.
+    that do not go together, an `--out` that is a file or cannot be written),
+    before any work, after printing `cdiff: error: ...` to stderr.
     """
     parser = _parser()
     args = parser.parse_args(argv)
@@ -553,6 +694,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "study":
             _cli_study.check(args, args.parser)
+            _check_out(args.parser, "--out", args.out, _cli_study.outputs(args))
             return _cli_study.run(args)
         return _run(args, args.parser)
     except ValueError as e:

@@ -1,6 +1,7 @@
 """cdiff.studies.map_batches: chunks (a ragged last one), resuming from a checkpoint
-directory, refusing another sweep's checkpoint, sharding over four (forced) CPU
-devices in a subprocess, bad input, and gain_sweep in chunks."""
+directory, refusing another sweep's checkpoint and a chunk file copied over another,
+sharding over four (forced) CPU devices in a subprocess, bad input, and gain_sweep
+in chunks."""
 
 from __future__ import annotations
 
@@ -238,3 +239,38 @@ def test_gain_sweep_in_chunks_equals_one_call(tmp_path):
         cdiff.studies.gain_sweep(cdiff.models.ParticleOnCircle(g=1.0, speed=0.0),
                                  *args[1:], n_save=5, chunk_size=3,
                                  checkpoint=tmp_path)
+
+
+def _double(item):
+    return {"y": item["x"] * 2.0}
+
+
+def test_a_chunk_file_over_another_is_refused(tmp_path):
+    # Six items in chunks of 2 (a cheap fn: one tiny compilation).
+    inputs = {"x": np.arange(6.0)}
+    sweep = functools.partial(_sweep, _double, chunk_size=2, key="double",
+                              progress=False)
+    out, _ = sweep(inputs, checkpoint=tmp_path / "a")
+    np.testing.assert_array_equal(out["y"], 2.0 * inputs["x"])
+    first, second = (tmp_path / "a" / f"chunk_0000{i}.npz" for i in (0, 1))
+    # Chunk 0 copied over chunk 1: same shapes, wrong rows; refused, not loaded.
+    second.write_bytes(first.read_bytes())
+    with pytest.raises(ValueError, match=r"chunk_00001\.npz is not chunk 1 of this "
+                       r"sweep: it holds chunk 0 \(rows 0:2\), not chunk 1 \(rows "
+                       r"2:4\); its items"):
+        sweep(inputs, checkpoint=tmp_path / "a")
+    # The same chunk of another sweep (other inputs, another checkpoint).
+    sweep({"x": np.arange(6.0) + 1.0}, checkpoint=tmp_path / "b")
+    second.write_bytes((tmp_path / "b" / "chunk_00001.npz").read_bytes())
+    with pytest.raises(ValueError, match=r"chunk_00001\.npz is not chunk 1 of this "
+                       r"sweep: it belongs to another sweep"):
+        sweep(inputs, checkpoint=tmp_path / "a")
+    # A chunk file that does not say which chunk it is (an older format).
+    np.savez(second, np.zeros(2))
+    with pytest.raises(ValueError, match="does not say which chunk"):
+        sweep(inputs, checkpoint=tmp_path / "a")
+    # Deleted, as the messages say: recomputed, and the sweep is right again.
+    second.unlink()
+    out, report = sweep(inputs, checkpoint=tmp_path / "a")
+    assert report.loaded == [0, 2] and report.computed == [1]
+    np.testing.assert_array_equal(out["y"], 2.0 * inputs["x"])

@@ -4,6 +4,7 @@ import contextlib
 import io
 import json
 import re
+from typing import ClassVar
 
 import jax.numpy as jnp
 import numpy as np
@@ -48,6 +49,9 @@ def test_run_prints_table(short_run):
     assert code == 0
     assert _table_value(out, "max constraint error") < 1e-6
     assert _table_value(out, "max energy error") < 1e-4
+    assert _table_value(out, "max velocity constraint error") < 1e-4
+    assert "energy change" not in out and not re.search(
+        r"^result", out, re.MULTILINE)
     assert _table_value(out, "max observable error") < 1e-4
     assert _table_value(out, "steps") == 50
     assert _table_value(out, "dt") == pytest.approx(0.01)
@@ -72,30 +76,52 @@ def test_run_writes_figure_and_data(short_run):
         assert np.max(np.abs(data["holonomic_residual"])) < 1e-6
         assert np.max(data["observable_error"]) < 1e-4
         settings = json.loads(str(data["settings"]))
+        residual, energy = data["holonomic_residual"], data["energy"]
     assert settings["formulation"] == "udwadia-kalaba"
     assert settings["constraint_correction"] is True
     assert settings["energy_correction"] is False
     assert settings["dtype"] == "float64"
     assert settings["steps"] == 50
+    # The summary: the table's errors, from the saved rows.
+    assert settings["conservative"] is True and settings["t_diverged"] is None
+    assert settings["max_constraint_error"] == pytest.approx(
+        np.max(np.abs(residual)))
+    assert settings["max_energy_error"] == pytest.approx(
+        np.max(np.abs(energy - energy[0])))
+    assert 0 < settings["max_velocity_constraint_error"] < 1e-4
+    assert 0 < settings["max_observable_error"] < 1e-4
 
 
-def test_float32_failed_solve_still_writes_and_exits_1(tmp_path, capsys):
+def test_float32_diverged_solve_reports_and_writes_the_rows_before(tmp_path,
+                                                                   capsys):
     # Lagrange without Baumgarte gains at a huge step diverges.
     argv = ["run", "slider-crank", "--float32", "--formulation", "lagrange",
             "--dt", "0.7", "--t1", "50", "--out", str(tmp_path)]
     assert cli.main(argv) == 1
     captured = capsys.readouterr()
-    assert "cdiff: warning: the solve stopped early" in captured.err
+    assert "Traceback" not in captured.err
+    # The failure, with the time it diverged; the table says it too.
+    match = re.search(r"cdiff: error: the solve diverged at t = (\S+) s", captured.err)
+    assert match, captured.err
+    t_diverged = float(match.group(1))
+    assert 0 < t_diverged < 50
+    assert re.search(r"^result\s+diverged$", captured.out, re.MULTILINE)
     assert "(asked 0.7)" in captured.out  # diffrax takes 50 / ceil(50 / 0.7)
-    assert (tmp_path / "slider-crank.png").exists()
+    assert (tmp_path / "slider-crank.png").read_bytes()[:4] == b"\x89PNG"
     with np.load(tmp_path / "slider-crank.npz") as data:
-        assert np.all(np.isfinite(data["ts"])) and data["ts"][-1] < 50
+        # The rows before the divergence only, all finite.
+        assert data["ts"][0] == 0 and np.all(data["ts"] < t_diverged)
+        for key in ("q", "v", "energy", "holonomic_residual", "observable_error"):
+            assert np.all(np.isfinite(data[key])), key
         assert data["q"].dtype == np.float32
         assert data["reference_q"].dtype == np.float64
         settings = json.loads(str(data["settings"]))
     assert settings["dtype"] == "float32"
     assert settings["alpha"] == settings["beta"] == 0.0
     assert settings["result"] != ""
+    assert settings["t_diverged"] == pytest.approx(t_diverged, rel=1e-5)
+    assert settings["max_energy_error"] == pytest.approx(
+        _table_value(captured.out, "max energy error"), rel=1e-3)
 
 
 def test_beta_defaults_to_alpha():
@@ -208,3 +234,126 @@ def test_bad_dae_options_exit_2(argv, words, capsys):
     assert code == 2
     for word in words:
         assert word in err
+
+
+def test_plot_leaves_out_non_finite_values(tmp_path):
+    # The rows of `cdiff run slider-crank --dt 0.5` as it blows up: huge, then inf
+    # and NaN; the log axes used to raise OverflowError in matplotlib's ticks.
+    ts = np.linspace(0.0, 2.0, 5)
+    huge = np.array([0.0, 1e-3, 2e15, 1e246, np.nan])
+    data = {"ts": ts, "q": np.stack([huge, ts], axis=1),
+            "holonomic_residual": huge[:, None], "velocity_residual": huge[:, None],
+            "energy": np.array([7.0, 6.0, 2e32, np.inf, np.nan]),
+            "observable": huge[:, None], "reference_observable": ts[:, None],
+            "observable_error": huge}
+    with np.errstate(all="ignore"):
+        cli._plot(tmp_path / "a.png", data, ("x",), "non-finite rows")
+    assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.parametrize("where, words", [
+    ("file", ["--out", "exists and is not a directory"]),
+    ("file/sub", ["--out", "cannot create it", "is a file"]),
+    ("dir-in-the-way", ["--out", "slider-crank.png", "a directory of that name"]),
+    ("read-only", ["--out", "cannot write in", "permission denied"]),
+])
+def test_out_is_checked_before_the_run(where, words, tmp_path, capsys, monkeypatch):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "dir-in-the-way" / "slider-crank.png").mkdir(parents=True)
+    if where == "read-only":  # (root may write anywhere: os.access is what asks)
+        (tmp_path / where).mkdir()
+        monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+    before = sorted(tmp_path.rglob("*"))
+    for argv in (["run", "slider-crank"], ["study", "step-size", "slider-crank"]):
+        if where == "dir-in-the-way" and argv[0] == "study":
+            continue
+        code, err = _exit_code([*argv, "--out", str(tmp_path / where)], capsys)
+        assert code == 2
+        assert "error:" in err and "Traceback" not in err
+        for word in words:
+            assert word in err
+    assert sorted(tmp_path.rglob("*")) == before  # nothing written, nothing run
+
+
+def test_energy_correction_is_refused_for_a_non_conservative_model(capsys):
+    code, err = _exit_code(["run", "snakeboard", "--energy-correction"], capsys)
+    assert code == 2
+    assert "--energy-correction: snakeboard is not conservative" in err
+
+
+class _Pushed(cdiff.AbstractModel):
+    """A unit mass pushed by a unit force: no constraints, and not conservative
+    (the force's work, t^2/2 J by time t, is its energy change; RK4 is exact)."""
+
+    default_t1: ClassVar[float] = 0.1
+    default_dt: ClassVar[float] = 0.05
+    conservative: ClassVar[bool] = False
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(1, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.ones_like(v)
+
+    def energy(self, t, q, v):
+        return 0.5 * v @ v
+
+    def initial_state(self):
+        return jnp.zeros(1), jnp.zeros(1)
+
+
+def test_non_conservative_model_reports_its_energy_change(monkeypatch, tmp_path,
+                                                          capsys):
+    # (A two-step run of a one-coordinate model, like the snakeboard not
+    # conservative, compiles in a second; the snakeboard's run takes many.)
+    monkeypatch.setitem(cli.MODELS, "pushed", _Pushed)
+    code = cli.main(["run", "pushed", "--out", str(tmp_path), "--no-progress"])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert re.search(r"^max constraint error\s+n/a \(no holonomic constraints\)$",
+                     out, re.MULTILINE)
+    assert re.search(r"^max velocity constraint error\s+n/a \(no constraints\)$",
+                     out, re.MULTILINE)
+    assert "max energy error" not in out
+    assert re.search(r"^energy change over the run\s+5\.000e-03 J  \(E\(t_end\) - "
+                     r"E0; the model is not conservative\)$", out, re.MULTILINE)
+    with np.load(tmp_path / "pushed.npz") as data:
+        settings = json.loads(str(data["settings"]))
+        assert data["energy"][-1] - data["energy"][0] == pytest.approx(0.005)
+    assert settings["conservative"] is False
+    # null where the table says n/a
+    for key in ("max_constraint_error", "max_velocity_constraint_error",
+                "max_energy_error", "max_observable_error", "t_diverged"):
+        assert settings[key] is None, key
+    assert settings["energy_change"] == pytest.approx(0.005)
+
+
+@pytest.mark.parametrize("model, energy_row", [("snakeboard", False),
+                                               ("slider-crank", True)])
+def test_step_size_study_leaves_out_energy_correction_if_not_conservative(
+        model, energy_row, tmp_path, monkeypatch, capsys):
+    # The sweeps themselves are not run: only which formulations are asked for.
+    asked = {}
+
+    class _Stop(Exception):
+        pass
+
+    class _Sweep:
+        def best_formulation(self):
+            return cdiff.Lagrange()
+
+    def study(model, formulations, *args, **kwargs):
+        asked.update(formulations)
+        raise _Stop
+
+    monkeypatch.setattr(cli._cli_study, "_sweep", lambda *a, **k: _Sweep())
+    monkeypatch.setattr(cdiff.studies, "step_size_study", study)
+    with pytest.raises(_Stop):
+        cli.main(["study", "step-size", model, "--t1", "1", "--dts", "0.1",
+                  "--out", str(tmp_path)])
+    out = capsys.readouterr().out
+    row = "UK, constraint + energy correction"
+    assert (row in asked) is energy_row
+    assert "UK, constraint correction" in asked
+    skipped = f"leaving out {row!r}: snakeboard is not conservative"
+    assert (skipped in out) is not energy_row

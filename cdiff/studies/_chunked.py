@@ -22,8 +22,10 @@ import numpy as np
 from .._xla import compiler_options as _default_options
 
 _NAME = "cdiff.studies.map_batches"
-_FORMAT = "cdiff.studies.map_batches checkpoint, version 1"
+_FORMAT = "cdiff.studies.map_batches checkpoint, version 2"
 _MANIFEST = "manifest.json"
+#: The entry of a chunk file that says which chunk of which sweep it holds.
+_RECORD = "chunk_record"
 
 
 @eqx.filter_jit
@@ -150,18 +152,57 @@ def _open_checkpoint(directory: Path, manifest: dict, name: str) -> None:
             "and key, or use another (or an emptied) directory.")
 
 
-def _load_chunk(path: Path, structs, rows: int, name: str) -> list[np.ndarray]:
+def _sweep_id(manifest: dict) -> str:
+    """SHA-256 of the manifest: the sweep's fingerprint, stored in every chunk."""
+    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
+
+
+def _chunk_record(sweep: str, i: int, lo: int, hi: int, paths, arrays) -> dict:
+    """What identifies chunk `i` (rows `lo:hi`) of the sweep `sweep`: stored in its
+    file and checked when it is loaded."""
+    return {"format": _FORMAT, "sweep": sweep, "index": i, "rows": [lo, hi],
+            "items": _fingerprint(paths, [a[lo:hi] for a in arrays])}
+
+
+def _load_chunk(path: Path, structs, record: dict, name: str) -> list[np.ndarray]:
+    """The output leaves saved in `path`, after checking that it holds the chunk
+    `record` describes (its index, rows and items, of this sweep): `ValueError`
+    naming the file and what differs otherwise (a file copied or moved over
+    another, or from another sweep's checkpoint)."""
+    i, (lo, hi) = record["index"], record["rows"]
+    fix = f"Delete it to recompute chunk {i}."
     try:
         with np.load(path) as data:
-            leaves = [data[f"arr_{i}"] for i in range(len(structs))]
+            leaves = [data[f"arr_{k}"] for k in range(len(structs))]
+            saved = json.loads(str(data[_RECORD])) if _RECORD in data.files else None
     except Exception as e:  # a damaged file: say which one
         raise ValueError(f"{name}: cannot read {path} ({e}); delete it to "
                          f"recompute that chunk") from e
+    if not isinstance(saved, dict):
+        raise ValueError(f"{name}: {path} does not say which chunk it holds (no "
+                         f"{_RECORD!r} entry: not written by {_FORMAT}). {fix}")
+    differ = []
+    if saved.get("sweep") != record["sweep"]:
+        differ.append("it belongs to another sweep (its sweep fingerprint differs "
+                      "from the manifest's)")
+    if saved.get("index") != i or saved.get("rows") != [lo, hi]:
+        rows = saved.get("rows")
+        rows = (f"rows {rows[0]}:{rows[1]}" if isinstance(rows, list)
+                and len(rows) == 2 else "unknown rows")
+        differ.append(f"it holds chunk {saved.get('index')} ({rows}), not chunk {i} "
+                      f"(rows {lo}:{hi})")
+    if saved.get("items") != record["items"]:
+        differ.append(f"its items (input rows) differ from rows {lo}:{hi} of the "
+                      f"inputs")
+    if differ:
+        raise ValueError(f"{name}: {path} is not chunk {i} of this sweep: "
+                         + "; ".join(differ) + f". It may have been copied or "
+                         f"renamed over another chunk file. {fix}")
     for a, s in zip(leaves, structs):
-        if a.shape != (rows, *s.shape) or a.dtype != s.dtype:
+        if a.shape != (hi - lo, *s.shape) or a.dtype != s.dtype:
             raise ValueError(f"{name}: {path} holds an array of shape {a.shape} and "
-                             f"dtype {a.dtype}; expected {(rows, *s.shape)} and "
-                             f"{s.dtype}. Delete it to recompute that chunk.")
+                             f"dtype {a.dtype}; expected {(hi - lo, *s.shape)} and "
+                             f"{s.dtype}. {fix}")
     return leaves
 
 
@@ -219,14 +260,17 @@ def _sweep(
                              f"a leaf of type {type(s).__name__}")
 
     directory = None if checkpoint is None else Path(checkpoint)
+    sweep = None
     if directory is not None:
-        _open_checkpoint(directory, {
+        manifest = {
             "format": _FORMAT, "n": n, "chunk_size": size, "chunks": n_chunks,
             "key": key, "inputs": _fingerprint(paths, arrays),
             "fn_arrays": _fingerprint(*_arrays_of(fn)),
             "outputs": [[list(s.shape), s.dtype.str] for s in out_structs],
             "output_structure": str(out_treedef),
-        }, name)
+        }
+        _open_checkpoint(directory, manifest, name)
+        sweep = _sweep_id(manifest)
 
     out = [np.empty((n, *s.shape), s.dtype) for s in out_structs]
     todo = []
@@ -234,7 +278,8 @@ def _sweep(
         lo, hi = i * size, min(n, (i + 1) * size)
         path = None if directory is None else directory / f"chunk_{i:05d}.npz"
         if path is not None and path.exists():
-            for o, a in zip(out, _load_chunk(path, out_structs, hi - lo, name)):
+            record = _chunk_record(sweep, i, lo, hi, paths, arrays)
+            for o, a in zip(out, _load_chunk(path, out_structs, record, name)):
                 o[lo:hi] = a
             report.loaded.append(i)
         else:
@@ -276,8 +321,10 @@ def _sweep(
             for o, a in zip(out, leaves):
                 o[lo:hi] = a
             if directory is not None:
+                record = json.dumps(_chunk_record(sweep, i, lo, hi, paths, arrays))
                 _write(directory / f"chunk_{i:05d}.npz",
-                       lambda f, leaves=leaves: np.savez(f, *leaves))
+                       lambda f, leaves=leaves, record=record: np.savez(
+                           f, *leaves, **{_RECORD: np.asarray(record)}))
             report.computed.append(i)
             bar.update(hi - lo)
     return jax.tree.unflatten(out_treedef, out), report
@@ -325,7 +372,15 @@ def map_batches(
       and dtypes) and the shapes and dtypes of `fn`'s outputs. A rerun with the
       same directory loads the chunks present and computes only the missing ones;
       with other inputs, chunk size, key, `fn` arrays or output shapes it raises a
-      `ValueError` instead of mixing results. The checkpoint cannot see `fn`'s
+      `ValueError` instead of mixing results. Each chunk file also records which
+      chunk it is: its index, its rows `lo:hi`, a fingerprint of its items (those
+      rows of the inputs) and the sweep's fingerprint (of the manifest). A chunk
+      file that is not the chunk its name says (copied or renamed over another,
+      or taken from another sweep's checkpoint), or that says nothing (written
+      by an older version), is refused with a `ValueError` naming the file and
+      what differs, rather than recomputed: a checkpoint that has been tampered
+      with is worth a look before anything in it is overwritten; delete the file
+      to recompute that chunk. The checkpoint cannot see `fn`'s
       code, nor the data a plain function closes over: when you change them,
       change `key` or the directory.
     - `key`: a description of the sweep (e.g. the model's `repr` and horizon),
@@ -346,7 +401,8 @@ def map_batches(
 
     **Raises:** `ValueError` for inputs that are not arrays with a common,
     non-zero leading size, a `chunk_size` below 1, an `fn` that does not return
-    arrays, and a checkpoint of another sweep.
+    arrays, a checkpoint of another sweep, and a chunk file that is unreadable or
+    not the chunk its name says.
 
     !!! example
 
