@@ -202,6 +202,14 @@ def build_solution(formulation: AbstractFormulation, context: Context,
                     stats)
 
 
+def stack_saved(t0=None, ts=None, steps=None, t1=None):
+    """The saved rows of a solve in diffrax's order, `t0`, `ts`, `steps`, `t1`:
+    each part `None` (not asked for) or `(times, states)` with a leading row axis
+    (unused rows `inf`). **Returns:** `(times, states)`, concatenated."""
+    parts = [p for p in (t0, ts, steps, t1) if p is not None]
+    return jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
+
+
 def plain_saveat(saveat: diffrax.SaveAt) -> diffrax.SubSaveAt | None:
     """The one `SubSaveAt` of a `SaveAt` that saves the state at `t0`, `t1`, `ts`
     and/or `steps` (no nested `SaveAt`, no `fn`, no dense output), else None."""

@@ -58,7 +58,7 @@ from jaxtyping import Array, Float
 from .._formulation.dae import AbstractDAEFormulation
 from .._problem import Problem
 from .._results import RESULTS
-from .._solution import Trajectory
+from .._solution import Trajectory, stack_saved
 
 
 class BDF(eqx.Module):
@@ -466,21 +466,18 @@ def bdf_solve(
     )
     stopped_singular = final.result == RESULTS.singular_configuration
     x_stop = jnp.where(stopped_singular, final.x_sing, final.D[0])
-    ts, xs = [], []
-    if save_t0:
-        ts.append(t0[None])
-        xs.append(x0[None])
+    dense = steps = last = None
     if save_ts is not None:
         ok = jnp.all(jnp.isfinite(final.xs_dense), axis=1)
-        ts.append(jnp.where(ok, save_ts, jnp.inf))
-        xs.append(final.xs_dense)
+        dense = jnp.where(ok, save_ts, jnp.inf), final.xs_dense
     if save_steps:
-        ts.append(final.ts_steps)
-        xs.append(final.xs_steps)
+        steps = final.ts_steps, final.xs_steps
     if save_t1:
         done = final.t >= t1
-        ts.append(jnp.where(done, t1, jnp.inf)[None])
-        xs.append(jnp.where(done, x_stop, jnp.inf)[None])
+        last = (jnp.where(done, t1, jnp.inf)[None],
+                jnp.where(done, x_stop, jnp.inf)[None])
+    saved_ts, saved_xs = stack_saved(
+        t0=(t0[None], x0[None]) if save_t0 else None, ts=dense, steps=steps, t1=last)
     stats = {
         "num_steps": final.accepted + final.rejected,
         "num_accepted_steps": final.accepted,
@@ -490,7 +487,7 @@ def bdf_solve(
         "t_stop": jnp.where(stopped_singular, final.t_sing, final.t),
         "x_stop": x_stop,
     }
-    return jnp.concatenate(ts), jnp.concatenate(xs), result, stats
+    return saved_ts, saved_xs, result, stats
 
 
 def bdf_route(problem: Problem, solver: BDF, *, save: tuple[bool, bool, bool],

@@ -13,7 +13,7 @@ import numpy as np
 from diffrax._local_interpolation import ThirdOrderHermitePolynomialInterpolation
 
 from .._problem import Problem
-from .._solution import Trajectory
+from .._solution import Trajectory, stack_saved
 from .frozen import all_finite
 
 _rk4_tableau = diffrax.ButcherTableau(
@@ -130,17 +130,19 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
     times = (ts[:steps], ts[1:steps + 1])
     init = (y0, successful, (ts[0], y0), jnp.zeros((), jnp.int32))
     (_, result, last, taken), step_rows = jax.lax.scan(body, init, times)
-    parts = []
-    if save_t0:
-        parts.append(jax.tree.map(lambda x: x[None], (ts[0], y0)))
+    def row(x):
+        return jax.tree.map(lambda a: a[None], x)
+
     if save_steps:
         pad = rows - steps
-        parts.append(jax.tree.map(
+        step_rows = jax.tree.map(
             lambda x: jnp.concatenate([x, jnp.full((pad,) + x.shape[1:], jnp.inf,
-                                                   x.dtype)]), step_rows))
-    elif save_t1:
-        parts.append(jax.tree.map(lambda x: x[None], last))
-    saved_ts, saved_ys = jax.tree.map(lambda *x: jnp.concatenate(x), *parts)
+                                                   x.dtype)]), step_rows)
+    # The t1 row is the last step row when every step is saved.
+    saved_ts, saved_ys = stack_saved(
+        t0=row((ts[0], y0)) if save_t0 else None,
+        steps=step_rows if save_steps else None,
+        t1=row(last) if save_t1 and not save_steps else None)
     return saved_ts, saved_ys, result, taken
 
 
