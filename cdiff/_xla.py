@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+from typing import no_type_check
 
 import equinox as eqx
 import jax
@@ -58,7 +59,10 @@ def _supported_cpu_options() -> tuple[tuple[str, str], ...]:
 
 
 # --------------------------------------------------------------------------------
-# Transcendental functions evaluated once per program point.
+# Transcendental functions evaluated once per program point. (The tracing machinery
+# below is marked no_type_check: it runs hundreds of thousands of times per traced
+# program, and a runtime type checker, e.g. jaxtyping's import hook in the tests,
+# would wrap every call for nothing: none of it is annotated.)
 #
 # XLA fuses every consumer of an elementwise operation with the operation itself
 # and, for the cheap ones, which for XLA include sin, cos and exp, recomputes it in
@@ -86,6 +90,7 @@ _TRANSCENDENTAL = frozenset(
 ENABLED = True
 
 
+@no_type_check
 def compute_once(fn):
     """`fn` (a function of pytrees of arrays returning arrays) evaluated, on the CPU
     backend, with every distinct transcendental function of its program computed
@@ -112,6 +117,7 @@ def compute_once(fn):
     return wrapped
 
 
+@no_type_check
 def _contains_transcendental(jaxpr) -> bool:
     for eqn in jaxpr.eqns:
         if eqn.primitive in _TRANSCENDENTAL:
@@ -122,6 +128,7 @@ def _contains_transcendental(jaxpr) -> bool:
     return False
 
 
+@no_type_check
 def _inlined(eqn):
     """The closed jaxpr of a nested `jit` to evaluate in line, else None."""
     if eqn.primitive is primitives.jit_p:
@@ -129,6 +136,7 @@ def _inlined(eqn):
     return None
 
 
+@no_type_check
 class _Node:
     """One equation with its inputs and outputs resolved to global references."""
 
@@ -138,6 +146,7 @@ class _Node:
         self.eqn, self.inputs, self.outputs = eqn, inputs, outputs
 
 
+@no_type_check
 class _Schedule:
     """A jaxpr flattened (nested `jit`s with transcendentals inlined) and evaluated
     in waves: every equation that can be evaluated is, except the transcendentals,
@@ -235,6 +244,7 @@ class _Schedule:
         return [read(r) for r in self.outputs]
 
 
+@no_type_check
 def _hashable(x):
     if isinstance(x, dict):
         return tuple(sorted((k, _hashable(v)) for k, v in x.items()))
@@ -243,6 +253,7 @@ def _hashable(x):
     return x
 
 
+@no_type_check
 def _bind(eqn, values):
     params = eqn.primitive.get_bind_params(eqn.params)
     with eqn.ctx.manager:
@@ -250,6 +261,7 @@ def _bind(eqn, values):
     return list(out) if eqn.primitive.multiple_results else [out]
 
 
+@no_type_check
 def _materialise(values):
     r"""`values`, each computed once into memory: the floating-point ones of equal
     shape stacked and passed through one batched product, row `i` with a zero row
