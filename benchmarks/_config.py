@@ -10,6 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import cdiff
+from cdiff import _xla
 
 OPTIONS = ("default", "cdiff")
 KERNELS = ("diffrax", "cdiff")
@@ -42,8 +43,11 @@ def apply(args) -> None:
 
 
 def options(name: str) -> dict:
-    """The compiler options called `name` (see `add_arguments`)."""
-    return cdiff.compiler_options() if name == "cdiff" else {}
+    """The compiler options called `name` (see `add_arguments`): `cdiff`, the CPU
+    option itself (also where `import cdiff` already put it in XLA_FLAGS);
+    `default`, none. Compare with JAX's own defaults under `CDIFF_XLA_FLAGS=0`,
+    which keeps `import cdiff` from setting XLA_FLAGS."""
+    return _xla.cpu_options() if name == "cdiff" else {}
 
 
 @contextlib.contextmanager
@@ -67,9 +71,14 @@ def kernels(name: str):
 def describe(args) -> str:
     """One sentence for RESULTS.md."""
     chosen = args.xla_options if isinstance(args.xla_options, list) else [args.xla_options]
-    text = {"default": "JAX's default XLA options",
-            "cdiff": f"cdiff.compiler_options() = `{cdiff.compiler_options()}`"}
-    return (f"Compiler options: {'; '.join(text[c] for c in chosen)}. "
+    text = {"default": "no compiler options",
+            "cdiff": f"the CPU option `{_xla.cpu_options()}`"}
+    flags = {"set": "set by `import cdiff`", "yours": "set by the caller",
+             "off": "not set (CDIFF_XLA_FLAGS=0: JAX's defaults)",
+             "too late": "not set (backend started first)",
+             "unknown": "unknown to this jaxlib"}[_xla.FLAGS_STATUS]
+    return (f"Compiler options: {'; '.join(text[c] for c in chosen)}; the option "
+            f"in XLA_FLAGS: {flags}. "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s), batches "
             "sharded over them.")
 

@@ -2,6 +2,11 @@
 
 import importlib.metadata
 
+# First, before anything can start JAX's backend: XLA reads XLA_FLAGS once.
+from ._xla import configure_xla_flags as _configure_xla_flags
+
+_configure_xla_flags()
+
 from diffrax import SaveAt as SaveAt
 
 from . import analysis as analysis

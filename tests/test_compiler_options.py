@@ -1,8 +1,14 @@
-"""cdiff.compiler_options: what it returns per backend, that XLA applies it (no
-YNNPACK library fusions left in a CPU program with reductions), that results do
-not change with it, and the fallback for a jaxlib that does not know it."""
+"""XLA's CPU option (no YNNPACK library fusions): set in XLA_FLAGS by `import
+cdiff`, so that a plain `jax.jit` has no library fusion left; results unchanged
+by it; the warning and `cdiff.compiler_options()` when JAX's backend started
+first; and the fallback for a jaxlib that does not know the option."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -13,6 +19,7 @@ import cdiff
 from cdiff import _xla
 
 CPU = jax.default_backend() == "cpu"
+ROOT = Path(__file__).resolve().parent.parent
 
 
 def _batch(dq):
@@ -38,28 +45,80 @@ def _dq():
     return jnp.zeros((8, 6)).at[:, 2].set(jnp.linspace(0.0, 1e-3, 8))
 
 
+_PROGRAM = """
+import sys, warnings
+import jax, numpy as np
+jax.config.update("jax_enable_x64", True)
+if "--start-backend" in sys.argv:
+    jax.numpy.ones(1)
+with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    import cdiff
+sys.path.insert(0, "tests")
+from test_compiler_options import _batch, _dq
+from cdiff import _xla
+lowered = jax.jit(_batch).lower(_dq())
+plain = lowered.compile()
+tuned = lowered.compile(cdiff.compiler_options())
+np.savez(sys.argv[1], plain=np.asarray(plain(_dq())), status=_xla.FLAGS_STATUS,
+         options=repr(cdiff.compiler_options()),
+         ynn_plain="__ynn_fusion" in plain.as_text(),
+         ynn_tuned="__ynn_fusion" in tuned.as_text(),
+         warnings=repr([str(w.message) for w in caught]))
+"""
+
+
+def _run(tmp_path, *args, **env):
+    """`_PROGRAM` in a new process (XLA reads XLA_FLAGS once, at its start)."""
+    out = tmp_path / "out.npz"
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("XLA_FLAGS", _xla.ENV)}
+    subprocess.run([sys.executable, "-c", _PROGRAM, str(out), *args],
+                   env={**environ, **env}, check=True, cwd=ROOT, timeout=300)
+    with np.load(out) as f:
+        return {k: f[k][()] for k in f.files}
+
+
 def test_backends():
     assert cdiff.compiler_options("gpu") == {}
-    options = cdiff.compiler_options("cpu")
+    options = _xla.cpu_options()
     assert isinstance(options, dict)
     options["mutated"] = "1"  # a new dict each call
-    assert "mutated" not in cdiff.compiler_options("cpu")
+    assert "mutated" not in _xla.cpu_options()
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
-def test_applied_and_results_unchanged():
-    options = cdiff.compiler_options()
-    if not options:
-        pytest.skip("this jaxlib has no YNNPACK fusion option")
-    lowered = jax.jit(_batch).lower(_dq())
-    default, tuned = lowered.compile(), lowered.compile(options)
-    # JAX's defaults hand this program's reductions to YNNPACK; the options keep
-    # every fusion in XLA's code generator.
-    assert "__ynn_fusion" in default.as_text()
-    assert "__ynn_fusion" not in tuned.as_text()
-    a, b = np.asarray(default(_dq())), np.asarray(tuned(_dq()))
+def test_set_at_import_and_results_unchanged(tmp_path):
+    # This process imported cdiff before any JAX computation: the flag is in the
+    # environment (a jaxlib that drops it fails here instead of slowing down).
+    assert _xla.FLAGS_STATUS == "set", _xla.FLAGS_STATUS
+    assert "--xla_cpu_experimental_ynn_fusion_type=" in os.environ["XLA_FLAGS"]
+    assert cdiff.compiler_options() == {}
+    compiled = jax.jit(_batch).lower(_dq()).compile()
+    # A plain jax.jit (no options) keeps every fusion in XLA's code generator ...
+    assert "__ynn_fusion" not in compiled.as_text()
+    # ... where JAX's defaults (CDIFF_XLA_FLAGS=0) hand the reductions to YNNPACK.
+    default = _run(tmp_path, CDIFF_XLA_FLAGS="0")
+    assert str(default["status"]) == "off"
+    assert bool(default["ynn_plain"]) and str(default["options"]) == "{}"
+    a, b = default["plain"], np.asarray(compiled(_dq()))
     assert np.all(np.isfinite(a))
     np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
+@pytest.mark.skipif(not CPU, reason="CPU option")
+def test_backend_started_first(tmp_path):
+    """JAX's backend started before `import cdiff`: a warning, and the option as
+    compiler options, which remove the library fusions."""
+    late = _run(tmp_path, "--start-backend")
+    assert str(late["status"]) == "too late"
+    assert "CDIFF_XLA_FLAGS=0" in str(late["warnings"])
+    assert bool(late["ynn_plain"]) and not bool(late["ynn_tuned"])
+    assert "xla_cpu_experimental_ynn_fusion_type" in str(late["options"])
+    # Your own flag in XLA_FLAGS is left as it is.
+    yours = _run(tmp_path, XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type=")
+    assert str(yours["status"]) == "yours" and str(yours["warnings"]) == "[]"
+    assert not bool(yours["ynn_plain"])
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
@@ -75,11 +134,14 @@ def test_map_batches_options():
 
 
 def test_unknown_option_falls_back(monkeypatch):
-    """A jaxlib without the option: the probe compile fails and the dict is empty."""
+    """A jaxlib without the option: the probe compile fails and the dict is empty,
+    and the flag is not put in XLA_FLAGS (XLA aborts on an unknown flag)."""
     monkeypatch.setattr(_xla, "_CPU", {"xla_cpu_no_such_option": ""})
     _xla._supported_cpu_options.cache_clear()
     try:
-        assert cdiff.compiler_options("cpu") == {}
+        assert _xla.cpu_options() == {}
+        assert not _xla._jaxlib_knows("xla_cpu_no_such_option")
+        assert _xla._jaxlib_knows("xla_cpu_experimental_ynn_fusion_type")
     finally:
         monkeypatch.undo()
         _xla._supported_cpu_options.cache_clear()
