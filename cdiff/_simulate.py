@@ -24,7 +24,7 @@ from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_route
 from ._solver.frozen import diffrax_route
 from ._solver.grid import UniformGrid
-from ._solver.rk4 import RK4, rk4_route
+from ._solver.rk4 import CHECKPOINT_EVERY_STEP, RK4, SavePlan, blocks_of, rk4_route, save_plan
 
 
 def constant_steps(t0, t1, dt) -> int:
@@ -40,7 +40,7 @@ _TRACED_MAX_STEPS = 4096
 # loop state, times the batch under vmap): the backward pass then recomputes each
 # step once, where diffrax's default O(sqrt(n)) checkpoints recompute most steps
 # twice or more.
-_CHECKPOINT_EVERY_STEP = 16_384
+_CHECKPOINT_EVERY_STEP = CHECKPOINT_EVERY_STEP
 # Up to this many, cdiff's own RK4 loop keeps every stage's input instead: its
 # backward pass recomputes single stages, not whole steps.
 _KEEP_STAGES = 4096
@@ -81,16 +81,20 @@ def simulate(
       default constant step size, `ceil((t1 - t0) / dt)` equal steps are taken
       (reported as `Solution.dt`).
     - `solver`: any diffrax solver; default [`cdiff.RK4`][], which cdiff runs in
-      its own loop when the step is constant and known before tracing (up to 16384
-      steps), `adjoint` and `progress` are left at their defaults and `saveat` asks
-      for `t0`, `t1` and/or `steps`: the same results as `diffrax.diffeqsolve`,
-      faster (see the README's performance notes). Wrap it in
+      its own loop when the step is constant and known before tracing and `adjoint`
+      is left at its default, and `saveat` asks for `t0`, `t1`, every step and/or
+      save times `ts` (not both `ts` and steps; `ts` known before tracing, or at
+      most 16 traced ones): the same results as `diffrax.diffeqsolve`, faster (see
+      the README's performance notes). Wrap it in
       [`cdiff.Projected`][] to project onto the constraints after every step. A DAE
       formulation ([`cdiff.GGL`][], [`cdiff.IndexOne`][]) needs [`cdiff.BDF`][],
       which also takes ODE formulations without per-step data; with it `dt` is the
       first step, `saveat` may ask for `t0`, `t1`, `ts` and `steps`, and `adjoint`
       chooses reverse (default) or forward mode (`diffrax.ForwardMode()`).
     - `saveat`: a `cdiff.SaveAt` (= `diffrax.SaveAt`); default: `t0` and every step.
+      Save times `ts` must be sorted and lie in `[t0, t1]` (checked before tracing
+      when known); the state between steps is the solver's dense output (RK4:
+      cubic Hermite from the step's ends and its first and last stage).
     - `control`: optional callable `u = control(t, q, v)` (e.g. an
       `equinox.Module` controller); its output enters as $E(t, q)u$.
     - `max_steps`: static bound on the number of steps. Computed from `dt` when `dt`
@@ -108,7 +112,8 @@ def simulate(
       checkpoints when that is too much), otherwise diffrax's default. cdiff's own
       RK4 loop (see `solver`) stores the four stage inputs of each step up to 4096
       steps (its backward pass then recomputes single stages, not whole steps),
-      one state per step up to 16384;
+      one state per step up to 16384, and beyond that one state per block of
+      about $\sqrt{n}$ steps (a block's steps are recomputed from it);
       `diffrax.ForwardMode()` for `jax.jacfwd` (cdiff's own RK4 loop, see `solver`,
       also takes `jax.jacfwd` with the default).
     - `throw`: raise on solver failure (default). With `throw=False` check
@@ -120,7 +125,9 @@ def simulate(
       constraints is tested for an inconsistent constraint set
       ([`cdiff.analysis.inconsistency`][]), reported as
       `RESULTS.inconsistent_constraints`.
-    - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`).
+    - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`; cdiff's own
+      RK4 loop updates it about sqrt(steps) times, once per block of steps, for a
+      whole `vmap`ped batch).
     - `divergence`: the divergence test. A solve whose saved states include a
       coordinate, velocity, position residual $\Phi_q$ or velocity residual larger
       in magnitude than `divergence` $\cdot \max(1, \|q_0\|_\infty,
@@ -182,6 +189,7 @@ def simulate(
         if throw and concrete and int(sol.result._value) != 0:
             raise RuntimeError(sol.message)
         return _name_inconsistency(model, sol, throw=throw)
+    _check_save_times(saveat, t0, t1)
     route = _ode_route(solver, stepsize_controller, saveat, adjoint, progress,
                        max_steps, throw, (t0, t1, dt))
     try:
@@ -375,13 +383,21 @@ class _OwnRK4(eqx.Module):
     save: tuple[bool, bool, bool]  # t0, t1, steps
     rows: int
     throw: bool
+    progress: bool
+    blocks: tuple[int, int]
+    save_ts: Any = None
+    plan: SavePlan | None = None
 
     def __call__(self, problem: Problem):
         grid = UniformGrid.build(problem.t0, problem.t1, problem.dt, self.rows + 1)
+        save_ts = (None if self.save_ts is None
+                   else jnp.asarray(self.save_ts, grid.ts.dtype))
         trajectory = rk4_route(
             problem, grid.ts, steps=self.steps, save_t0=self.save[0],
             save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
-            keep_stages=self.steps <= _KEEP_STAGES, throw=self.throw)
+            keep_stages=self.steps <= _KEEP_STAGES, throw=self.throw,
+            save_ts=save_ts, plan=self.plan, blocks=self.blocks[0],
+            block=self.blocks[1], progress=self.progress)
         return trajectory, grid.step, grid.step
 
 
@@ -436,12 +452,23 @@ def _ode_route(solver, stepsize_controller, saveat, adjoint, progress, max_steps
                throw, times):
     """cdiff's own RK4 loop where it applies (see `_own_loop_steps`), else
     `diffrax.diffeqsolve` with cdiff's default adjoint."""
-    steps = _own_loop_steps(solver, stepsize_controller, saveat, adjoint, progress,
+    steps = _own_loop_steps(solver, stepsize_controller, saveat, adjoint,
                             max_steps, times)
     if steps is not None:
         sub = plain_saveat(saveat)
-        return _OwnRK4(steps, (bool(sub.t0), bool(sub.t1), bool(sub.steps)),
-                       max_steps, throw)
+        save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
+        # Nested blocks for save times, the progress bar and long solves (reverse
+        # mode then keeps a state per block).
+        blocks = blocks_of(steps, nested=sub.ts is not None or progress
+                           or steps > _CHECKPOINT_EVERY_STEP)
+        if sub.ts is None:
+            return _OwnRK4(steps, save, max_steps, throw, progress, blocks)
+        if not is_concrete(sub.ts):  # each step interpolates at every time
+            return _OwnRK4(steps, save, max_steps, throw, progress, blocks, sub.ts)
+        t0, t1, _ = (float(x) for x in times)
+        plan = save_plan(np.asarray(sub.ts), t0, t1, steps, *blocks)
+        return _OwnRK4(steps, save, max_steps, throw, progress, blocks,
+                       np.asarray(sub.ts), plan)
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
     if adjoint is None:
         every_step = constant and max_steps <= _CHECKPOINT_EVERY_STEP
@@ -477,30 +504,55 @@ def _bdf_route(solver, saveat, adjoint, progress, max_steps, *, throw: bool):
                 max_steps, isinstance(adjoint, diffrax.ForwardMode), throw)
 
 
-def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, progress,
-                    max_steps, times) -> int | None:
+def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
+                    times) -> int | None:
     """The number of steps when `simulate` runs its own constant-step RK4 loop
     (`rk4_route`), or None for `diffrax.diffeqsolve`: the default RK4 with a
-    constant step known before tracing (at most `_CHECKPOINT_EVERY_STEP` steps), the
-    default adjoint, no progress bar, and a `saveat` of `t0`, `t1` and/or
-    `steps`."""
+    constant step known before tracing, the default adjoint, and a `saveat` of
+    `t0`, `t1`, every step and/or save times `ts` (known before tracing, or up to
+    `_TRACED_SAVE_TIMES` traced ones)."""
     sub = plain_saveat(saveat)
     if not (
         _OWN_LOOP
         and type(solver) is RK4
         and isinstance(stepsize_controller, diffrax.ConstantStepSize)
         and adjoint is None
-        and not progress
         and sub is not None
-        and sub.ts is None
+        and sub.steps in (0, 1, True, False)
+        # diffrax puts save times and steps in one buffer in the order of time
+        and (sub.ts is None or not sub.steps)
+        and (sub.ts is None or is_concrete(sub.ts)
+             or jnp.shape(sub.ts)[0] <= _TRACED_SAVE_TIMES)
         and is_concrete(*times)
     ):
         return None
     steps = constant_steps(*times)
-    # Beyond _CHECKPOINT_EVERY_STEP steps reverse mode keeps diffrax's O(sqrt(n))
-    # checkpoints (the own loop keeps at least one state per step).
-    return steps if steps <= min(max_steps, _CHECKPOINT_EVERY_STEP) else None
+    return steps if steps <= max_steps else None
 
+
+def _check_save_times(saveat, t0, t1) -> None:
+    """Refuse, before tracing, save times that are not sorted or not in [t0, t1]."""
+    sub = plain_saveat(saveat)
+    if sub is None or sub.ts is None or not is_concrete(sub.ts, t0, t1):
+        return
+    ts = np.asarray(sub.ts, np.float64)
+    if ts.ndim != 1 or ts.size == 0:
+        raise ValueError("cdiff.simulate: saveat.ts must be a non-empty 1-D array of "
+                         f"times, got shape {ts.shape}")
+    if not np.all(np.isfinite(ts)):
+        raise ValueError("cdiff.simulate: saveat.ts has a non-finite time")
+    if np.any(np.diff(ts) < 0):
+        i = int(np.argmax(np.diff(ts) < 0))
+        raise ValueError("cdiff.simulate: saveat.ts must be sorted; "
+                         f"ts[{i}] = {ts[i]} > ts[{i + 1}] = {ts[i + 1]}")
+    if ts[0] < float(t0) or ts[-1] > float(t1):
+        raise ValueError(f"cdiff.simulate: saveat.ts must lie in [t0, t1] = "
+                         f"[{float(t0)}, {float(t1)}]; got [{ts[0]}, {ts[-1]}]")
+
+
+# Traced save times (e.g. `jnp.array` inside `jax.jit`) are interpolated by every
+# step (a few multiply-adds each); more of them go through diffrax.
+_TRACED_SAVE_TIMES = 16
 
 # Switch for tests and benchmarks that compare the two loops (read before tracing).
 _OWN_LOOP = True

@@ -135,10 +135,14 @@ def _both(fn):
     return own, general
 
 
+# Save times off the step grid, on it, repeated, at t0 and at t1.
+TS = np.array([0.0, 0.013, 0.1, 0.1, 0.155, 0.299, 0.3])
 SAVES = {
     "default": None,  # t0 and steps
     "t1": cdiff.SaveAt(t1=True),
     "steps-t1": cdiff.SaveAt(steps=True, t1=True),
+    "ts": cdiff.SaveAt(ts=TS),
+    "t0-ts-t1": cdiff.SaveAt(t0=True, ts=TS, t1=True),
 }
 
 
@@ -161,6 +165,113 @@ def test_own_loop_matches_diffrax(save):
     assert own.result == general.result == cdiff.RESULTS.successful
 
 
+def _route(monkeypatch):
+    """The names of the routes `simulate` takes from now on."""
+    routes = []
+    choose = _simulate._ode_route
+
+    def spy(*args, **kwargs):
+        route = choose(*args, **kwargs)
+        routes.append(type(route).__name__)
+        return route
+
+    monkeypatch.setattr(_simulate, "_ode_route", spy)
+    return routes
+
+
+def test_own_loop_save_times_traced_and_differentiated(monkeypatch):
+    """Save times traced under jit (here an argument; as `jnp.array` inside a jitted
+    function) are interpolated by every step of the own loop: the same rows as
+    concrete ones and as diffrax, and the same gradient."""
+    q0, v0 = MODEL.initial_state()
+    routes = _route(monkeypatch)
+
+    def run(ts, length):
+        model = cdiff.models.SliderCrank(l=length)
+        return cdiff.simulate(model, UK, q0, v0, t1=0.3, dt=0.01,
+                              saveat=cdiff.SaveAt(ts=ts, t1=True))
+
+    concrete = run(jnp.asarray(TS), 1.0)
+    traced = jax.jit(run)(jnp.asarray(TS), 1.0)
+    assert routes == ["_OwnRK4", "_OwnRK4"]
+    np.testing.assert_array_equal(np.asarray(traced.ts), np.append(TS, 0.3))
+    np.testing.assert_allclose(traced.q, concrete.q, rtol=0, atol=1e-15)
+
+    def loss(length, ts=jnp.asarray(TS)):
+        return jnp.sum(run(ts, length).q[:-1, 0] ** 2)
+
+    own, general = _both(lambda: (jax.grad(loss)(1.0),
+                                  jax.jit(jax.grad(loss))(1.0, jnp.asarray(TS))))
+    assert routes[2:] == ["_OwnRK4", "_OwnRK4", "_Diffrax", "_Diffrax"]
+    assert abs(float(general[0])) > 1e-2
+    np.testing.assert_allclose(own, general, rtol=1e-12)
+    # More traced times than the own loop interpolates at every step: diffrax.
+    many = jnp.linspace(0.0, 0.3, _simulate._TRACED_SAVE_TIMES + 1)
+    jax.jit(run)(many, 1.0)
+    assert routes[-1] == "_Diffrax"
+
+
+@pytest.mark.parametrize("ts, match", [
+    ([0.2, 0.1], "must be sorted; ts\\[0\\] = 0.2 > ts\\[1\\] = 0.1"),
+    ([-0.1, 0.1], "must lie in \\[t0, t1\\]"),
+    ([0.1, 0.31], "must lie in \\[t0, t1\\]"),
+    ([0.1, np.nan], "non-finite"),
+])
+def test_save_times_checked_before_tracing(ts, match):
+    q0, v0 = MODEL.initial_state()
+    with pytest.raises(ValueError, match=match):
+        cdiff.simulate(MODEL, UK, q0, v0, t1=0.3, dt=0.01,
+                       saveat=cdiff.SaveAt(ts=jnp.asarray(ts)))
+
+
+def test_own_loop_progress_bar(monkeypatch, capfd):
+    """A progress bar on the own loop: the same numbers, one bar for a vmapped
+    batch, updated after each block of steps."""
+    routes = _route(monkeypatch)
+    q, v = _states(4)
+
+    def run(q0, v0, progress):
+        return cdiff.simulate(MODEL, UK, q0, v0, t1=0.3, dt=0.01, progress=progress,
+                              saveat=cdiff.SaveAt(t1=True)).q[-1]
+
+    quiet = jax.vmap(lambda q0, v0: run(q0, v0, False))(q, v)
+    capfd.readouterr()
+    shown = jax.vmap(lambda q0, v0: run(q0, v0, True))(q, v)
+    err = capfd.readouterr().err
+    assert routes == ["_OwnRK4", "_OwnRK4"]
+    np.testing.assert_array_equal(np.asarray(shown), np.asarray(quiet))
+    assert err.count("100.00%") >= 1 and "0.00%" in err
+    # 30 steps in 6 blocks of 5: a refresh per block, for the whole batch.
+    assert 5 <= err.count("%|") <= 10
+
+
+def test_own_loop_long_solve_checkpoints_blocks(monkeypatch):
+    """Beyond CHECKPOINT_EVERY_STEP steps (lowered here to 16), reverse mode keeps one
+    state per block and recomputes the block's steps: the same gradient as one
+    state per step and as diffrax."""
+    from cdiff._solver import rk4
+
+    q0, v0 = MODEL.initial_state()
+
+    def loss(length):
+        model = cdiff.models.SliderCrank(l=length)
+        sol = cdiff.simulate(model, UK, q0, v0, t1=0.3, dt=0.01,
+                             saveat=cdiff.SaveAt(t1=True))
+        return model.slider(sol.q[-1])
+
+    per_step = jax.grad(loss)(1.0)
+    monkeypatch.setattr(rk4, "CHECKPOINT_EVERY_STEP", 16)
+    monkeypatch.setattr(_simulate, "_CHECKPOINT_EVERY_STEP", 16)
+    monkeypatch.setattr(_simulate, "_KEEP_STAGES", 0)
+    jax.clear_caches()
+    routes = _route(monkeypatch)
+    own, general = _both(lambda: jax.grad(loss)(1.0))
+    assert routes == ["_OwnRK4", "_Diffrax"]
+    assert abs(float(per_step)) > 1e-2
+    np.testing.assert_allclose(own, per_step, rtol=1e-13)
+    np.testing.assert_allclose(own, general, rtol=1e-12)
+
+
 # Lagrange: no per-step data; NullSpace: its own state (q, nu, R) and end-of-step map.
 @pytest.mark.parametrize("formulation", [cdiff.Lagrange(), cdiff.NullSpace()])
 def test_own_loop_matches_diffrax_formulations(formulation):
@@ -172,7 +283,7 @@ def test_own_loop_matches_diffrax_formulations(formulation):
                                atol=1e-9)
 
 
-@pytest.mark.parametrize("save", ["default", "t1"])
+@pytest.mark.parametrize("save", ["default", "t1", "ts"])
 def test_own_loop_failure_as_diffrax(save):
     def run():
         return cdiff.simulate(Exploding(), cdiff.Lagrange(), jnp.zeros(2),
@@ -183,7 +294,9 @@ def test_own_loop_failure_as_diffrax(save):
     assert own.result == general.result == cdiff.RESULTS.nonfinite
     assert int(own.stats["num_steps"]) == int(general.stats["num_steps"]) < 20
     np.testing.assert_array_equal(np.asarray(own.ts), np.asarray(general.ts))
-    np.testing.assert_array_equal(np.asarray(own.q), np.asarray(general.q))
+    # (Interpolated rows within an ulp: 3.8e16 against 3.8e16 + 24.)
+    np.testing.assert_allclose(np.asarray(own.q), np.asarray(general.q),
+                               rtol=0 if save != "ts" else 1e-15)
     with pytest.raises(RuntimeError, match="Nonfinite"):
         cdiff.simulate(Exploding(), cdiff.Lagrange(), jnp.zeros(2), jnp.zeros(2),
                        t1=2.0, dt=0.1)
@@ -216,27 +329,52 @@ def test_own_loop_only_for_plain_constant_rk4():
     constant = diffrax.ConstantStepSize()
     plain = cdiff.SaveAt(t0=True, steps=True)
     times = (0.0, 1.0, 0.1)
-    assert steps(cdiff.RK4(), constant, plain, None, False, 10, times) == 10
-    # Anything else goes to diffrax.diffeqsolve.
-    assert steps(diffrax.Tsit5(), constant, plain, None, False, 10, times) is None
-    projected = cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())
-    assert steps(projected, constant, plain, None, False, 10, times) is None
-    assert steps(cdiff.RK4(), constant, plain, diffrax.ForwardMode(), False, 10,
-                 times) is None
-    assert steps(cdiff.RK4(), constant, plain, None, True, 10, times) is None
+    assert steps(cdiff.RK4(), constant, plain, None, 10, times) == 10
     assert steps(cdiff.RK4(), constant, cdiff.SaveAt(ts=jnp.linspace(0, 1, 3)), None,
-                 False, 10, times) is None
-    assert steps(cdiff.RK4(), constant, cdiff.SaveAt(dense=True), None, False, 10,
+                 10, times) == 10
+    # Anything else goes to diffrax.diffeqsolve.
+    assert steps(diffrax.Tsit5(), constant, plain, None, 10, times) is None
+    projected = cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())
+    assert steps(projected, constant, plain, None, 10, times) is None
+    assert steps(cdiff.RK4(), constant, plain, diffrax.ForwardMode(), 10,
+                 times) is None
+    assert steps(cdiff.RK4(), constant, cdiff.SaveAt(dense=True), None, 10,
+                 times) is None
+    assert steps(cdiff.RK4(), constant, cdiff.SaveAt(steps=2), None, 10,
+                 times) is None
+    # Save times and steps together: diffrax saves them in the order of time.
+    assert steps(cdiff.RK4(), constant, cdiff.SaveAt(ts=jnp.linspace(0, 1, 3),
+                                                     steps=True), None, 10,
                  times) is None
     assert steps(cdiff.RK4(), diffrax.PIDController(rtol=1e-6, atol=1e-6), plain,
-                 None, False, 10, times) is None
+                 None, 10, times) is None
     # A step size traced (vmap over dt): the number of steps is not known.
     seen = []
-    jax.jit(lambda dt: seen.append(steps(cdiff.RK4(), constant, plain, None, False,
+    jax.jit(lambda dt: seen.append(steps(cdiff.RK4(), constant, plain, None,
                                          10, (0.0, 1.0, dt))) or dt)(0.1)
     assert seen == [None]
     # Fewer max_steps than steps: diffrax reports the failure.
-    assert steps(cdiff.RK4(), constant, plain, None, False, 9, times) is None
-    # More steps than one checkpoint each allows: diffrax's O(sqrt(n)) checkpoints.
+    assert steps(cdiff.RK4(), constant, plain, None, 9, times) is None
+    # Long solves stay in the own loop (one checkpoint per block in reverse mode).
     many = (0.0, 1.0, 1.0 / 20_000)
-    assert steps(cdiff.RK4(), constant, plain, None, False, 20_000, many) is None
+    assert steps(cdiff.RK4(), constant, plain, None, 20_000, many) == 20_000
+
+
+def test_blocks_and_save_plan():
+    from cdiff._solver.rk4 import blocks_of, save_plan
+
+    assert blocks_of(100, nested=False) == (1, 100)
+    assert blocks_of(100, nested=True) == (10, 10)
+    for n in (3, 97, 101, 30_000, 65_537):
+        blocks, block = blocks_of(n, nested=True)
+        assert blocks * block >= n
+        assert blocks * block - n <= max(block, n // 16)
+    # Each save time is interpolated in the step (t_k, t_k+1] that holds it.
+    plan = save_plan(TS, 0.0, 0.3, 30, 6, 5)
+    steps_of = [next(k for k, row in enumerate(plan.per_step) if i in row)
+                for i in range(len(TS))]
+    grid = 0.3 * (np.arange(31) / 30)
+    for t, k in zip(TS, steps_of):
+        assert grid[k] < t <= grid[k + 1] or (t == 0.0 and k == 0)
+    assert [steps_of[i] for i in (0, 1, 4, 5, 6)] == [0, 1, 15, 29, 29]
+    assert plan.per_step.shape == (30, 2)  # two times in one step (0.1, 0.299-0.3)

@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, NamedTuple
 
 import diffrax
 import jax
@@ -54,9 +55,82 @@ class RK4(diffrax.AbstractERK):
 RK4.__init__.__doc__ = """**Arguments:** None"""
 
 
+# Up to this many steps reverse mode keeps (at least) one state per step; beyond,
+# one per block of about sqrt(steps) steps.
+CHECKPOINT_EVERY_STEP = 16_384
+
+
+class SavePlan(NamedTuple):
+    """Where each time of `SaveAt(ts=...)` falls on a constant-step grid, worked out
+    before tracing (`save_plan`): the steps run in `blocks` blocks of `block` steps
+    (the last steps padded), each step interpolates up to `per_step.shape[1]` of
+    the times, each block keeps `per_block.shape[1]` of those rows, and `where`
+    finds each time's row among the blocks' rows. Index `len(ts)` in `per_step`
+    is "none"."""
+
+    blocks: int
+    block: int
+    per_step: np.ndarray  # (blocks * block, r): indices into ts
+    per_block: np.ndarray  # (blocks, m): indices into a block's block * r rows
+    where: np.ndarray  # (len(ts),): indices into the blocks' blocks * m rows
+
+
+def blocks_of(steps: int, *, nested: bool) -> tuple[int, int]:
+    """`(blocks, block)` for `steps` steps: one block unless `nested`, else about
+    sqrt(steps) blocks, sized so that little padding is left (at most 1/16 of the
+    steps or one block)."""
+    if not nested or steps < 4:
+        return 1, steps
+    root = math.isqrt(steps)
+    best = None
+    for block in sorted(range(max(1, root // 2), 2 * root + 1),
+                        key=lambda b: abs(b - root)):
+        blocks = -(-steps // block)
+        pad = blocks * block - steps
+        if best is None or pad < best[0]:
+            best = (pad, blocks, block)
+        if pad == 0:
+            break
+    return best[1], best[2]
+
+
+def save_plan(ts, t0: float, t1: float, steps: int, blocks: int,
+              block: int) -> SavePlan:
+    """The `SavePlan` of the concrete, sorted save times `ts` in `[t0, t1]` on the
+    grid of `steps` equal steps: time $t$ is interpolated in the step
+    $(t_k, t_{k+1}]$ that holds it (the first step for $t = t_0$), as diffrax's
+    `SaveAt(ts=...)` does."""
+    ts = np.asarray(ts, np.float64)
+    # UniformGrid's times; the step k with t_k < t <= t_k+1, as diffrax decides.
+    grid = np.where(np.arange(steps + 1) >= steps, t1,
+                    t0 + (t1 - t0) * (np.arange(steps + 1) / steps))
+    k = np.clip(np.searchsorted(grid, ts, side="left") - 1, 0, steps - 1)
+    total = blocks * block
+    counts = np.bincount(k, minlength=total)
+    r = max(1, int(counts.max()))
+    per_step = np.full((total, r), len(ts), np.int32)
+    slot = np.zeros(len(ts), int)
+    for i, step in enumerate(k):  # ts is sorted: the slots of a step in order
+        slot[i] = i - np.searchsorted(k, step)
+        per_step[step, slot[i]] = i
+    row = (k % block) * r + slot  # within the block's block * r rows
+    per_block_count = np.bincount(k // block, minlength=blocks)
+    m = max(1, int(per_block_count.max()))
+    per_block = np.zeros((blocks, m), np.int32)
+    where = np.zeros(len(ts), np.int32)
+    for i in range(len(ts)):
+        b = k[i] // block
+        j = i - np.searchsorted(k // block, b)
+        per_block[b, j] = row[i]
+        where[i] = b * m + j
+    return SavePlan(blocks, block, per_step, per_block, where)
+
+
 def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
-              save_steps: bool, save_t1: bool, rows: int, keep_stages: bool = False):
-    r"""Constant-step RK4 in a `jax.lax.scan`: what `diffrax.diffeqsolve` does with
+              save_steps: bool, save_t1: bool, rows: int, keep_stages: bool = False,
+              save_ts=None, plan: SavePlan | None = None, blocks: int = 1,
+              block: int | None = None, progress: bool = False):
+    r"""Constant-step RK4 in `jax.lax.scan`s: what `diffrax.diffeqsolve` does with
     [`RK4`][], `FrozenStep` and a constant step, without its general machinery
     (the buffer of all stages, the adaptive step loop, dense output). Used by
     [`cdiff.simulate`][] for that case (`rk4_route`).
@@ -69,6 +143,16 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
     - `y0`: the initial state. `steps`: the number of steps (static).
     - `save_t0`, `save_steps`, `save_t1`: what to save, as `diffrax.SaveAt` does;
       `rows`: the number of step rows (at least `steps`; the rest are inf).
+    - `save_ts`, `plan`: the times of `SaveAt(ts=...)` and their `SavePlan`. The
+      state at a time inside a step is the cubic Hermite interpolant of diffrax's
+      RK4 (from the step's two end states and its first and last stage), between
+      the states the solve keeps (after the end-of-step map).
+    - `blocks`, `block`: the steps run as `blocks` scans of `block` steps (the
+      last one padded with steps that change nothing); with `plan`, its blocks.
+      Beyond 16384 steps reverse mode keeps one state per block and recomputes a
+      block's steps from it (memory: about 2 sqrt(steps) states).
+    - `progress`: a progress bar (diffrax's `TqdmProgressMeter`), updated after
+      every block, through one host callback for a whole `vmap`ped batch.
     - `keep_stages`: what reverse mode stores. False: the state once per step, and
       the backward pass recomputes the step's stages (as
       `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per step). True: the
@@ -77,12 +161,23 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
 
     A step that ends in a non-finite state stops the solve with
     `RESULTS.nonfinite`, as in diffrax: it and the time it reached are saved (the
-    `t1` row and its step row), the later rows are inf.
+    `t1` row and its step row), the later rows are inf, and so are the rows of the
+    save times it did not reach.
 
     **Returns:** `(saved_ts, saved_ys, result, num_steps)`.
     """
     successful = diffrax.RESULTS.successful
     b = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
+    if plan is not None:
+        blocks, block = plan.blocks, plan.block
+    block = steps if block is None else block
+    total = blocks * block
+    interpolate = plan is not None
+    traced_ts = save_ts is not None and plan is None
+    if traced_ts:  # the step that holds each time, as `save_plan` finds it
+        save_step = jnp.clip(
+            jnp.searchsorted(ts[:steps + 1], save_ts, side="left") - 1, 0,
+            steps - 1).astype(jnp.int32)
 
     def axpy(y, a, k):
         return jax.tree.map(lambda y, k: y + a * k, y, k)
@@ -101,61 +196,158 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
 
         @functools.partial(jax.checkpoint, prevent_cse=False)
         def stage(i, carry):
-            k_prev, total = carry
+            k_prev, total, k_first = carry
             f = rate(t0 + a[i] * h, axpy(y, a[i], k_prev), frozen)
             k = jax.tree.map(lambda f: h * f, f)
-            return k, axpy(total, weights[i], k)
+            if interpolate or traced_ts:  # the first stage, for the interpolant
+                k_first = jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), k,
+                                       k_first)
+            return k, axpy(total, weights[i], k), k_first
 
         zero = jax.tree.map(jnp.zeros_like, y)
-        _, increment = jax.lax.fori_loop(0, 4, stage, (zero, zero))
-        return end_step(t1, jax.tree.map(jnp.add, y, increment))
+        k_last, increment, k_first = jax.lax.fori_loop(0, 4, stage,
+                                                       (zero, zero, zero))
+        return end_step(t1, jax.tree.map(jnp.add, y, increment)), k_first, k_last
 
-    def body(carry, times):
+    def hermite(t0, t1, y0, y1, k0, k1, t):
+        # diffrax's ThirdOrderHermitePolynomialInterpolation.from_k of RK4.
+        theta = (t - t0) / (t1 - t0)
+
+        def poly(y0, y1, k0, k1):
+            a = k0 + k1 + 2 * y0 - 2 * y1
+            c = -2 * k0 - k1 - 3 * y0 + 3 * y1
+            return ((a * theta + c) * theta + k0) * theta + y0
+
+        return jax.tree.map(poly, y0, y1, k0, k1)
+
+    def body(carry, xs):
         y, result, last, taken = carry
-        t0, t1 = times
-        running = result == successful
-        y1 = step(t0, t1, y)
+        t0, t1, valid, save_index, index = xs
+        running = (result == successful) & valid
+        y1, k_first, k_last = step(t0, t1, y)
         finite = all_finite(y1)
         result = diffrax.RESULTS.where(running & ~finite, diffrax.RESULTS.nonfinite,
                                        result)
         keep = running & finite
+        out = {}
+        if save_steps:
+            out["steps"] = jax.tree.map(lambda x: jnp.where(running, x, jnp.inf),
+                                        (t1, y1))
+        if interpolate:
+            # A row per save time in this step ("none" rows interpolate at t0).
+            t = jnp.where(save_index < save_ts.shape[0],
+                          save_ts[jnp.minimum(save_index, save_ts.shape[0] - 1)], t0)
+        elif traced_ts:
+            # Every save time, and which of them this step holds.
+            t = jnp.where(save_step == index, save_ts, t0)
+            out["mask"] = (save_step == index) & keep
+        if interpolate or traced_ts:
+            ys = jax.vmap(lambda t: hermite(t0, t1, y, y1, k_first, k_last, t))(t)
+            out["ts"] = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (t, ys))
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
         last = jax.tree.map(lambda a, b: jnp.where(running, a, b), (t1, y1), last)
         taken = taken + running.astype(taken.dtype)
-        row = jax.tree.map(lambda x: jnp.where(running, x, jnp.inf), (t1, y1))
-        return (y, result, last, taken), (row if save_steps else None)
+        return (y, result, last, taken), out
 
+    long = steps > CHECKPOINT_EVERY_STEP
     if not keep_stages:
         body = jax.checkpoint(body, prevent_cse=False)
-    times = (ts[:steps], ts[1:steps + 1])
+
+    # Step times, padded with copies of the last step (finite work whose results
+    # are discarded), and what each step saves.
+    t_start = jnp.concatenate([ts[:steps], jnp.broadcast_to(ts[steps - 1],
+                                                            (total - steps,))])
+    t_end = jnp.concatenate([ts[1:steps + 1], jnp.broadcast_to(ts[steps],
+                                                               (total - steps,))])
+    valid = np.arange(total) < steps
+    save_index = (jnp.asarray(plan.per_step) if interpolate
+                  else jnp.zeros((total, 0), jnp.int32))
+    xs = (t_start, t_end, valid, save_index, jnp.arange(total, dtype=jnp.int32))
     init = (y0, successful, (ts[0], y0), jnp.zeros((), jnp.int32))
-    (_, result, last, taken), step_rows = jax.lax.scan(body, init, times)
+    # Traced save times: their rows, kept from block to block.
+    saved = None
+    if traced_ts:
+        saved = jax.tree.map(
+            lambda x: jnp.full((save_ts.shape[0],) + x.shape, jnp.inf, x.dtype),
+            (ts[0], y0))
+
+    if blocks == 1 and not progress and not interpolate and not traced_ts:
+        carry, out = jax.lax.scan(body, init, xs)
+        out = jax.tree.map(lambda x: x[None], out)
+    else:
+        def run_block(carry, block_xs):
+            carry, meter, saved = carry
+            step_xs, select = block_xs
+            carry, out = jax.lax.scan(body, carry, step_xs)
+            if interpolate:  # the block's rows of save times
+                out["ts"] = jax.tree.map(
+                    lambda x: x.reshape(block * x.shape[1], *x.shape[2:])[select],
+                    out["ts"])
+            if traced_ts:  # each time is held by one step at most
+                mask = out.pop("mask")
+                held = jnp.any(mask, axis=0)
+
+                def pick(rows, old):
+                    m = mask.reshape(mask.shape + (1,) * (rows.ndim - 2))
+                    new = jnp.sum(jnp.where(m, rows, 0), axis=0)
+                    return jnp.where(held.reshape(held.shape + (1,) * (new.ndim - 1)),
+                                     new, old)
+
+                saved = jax.tree.map(pick, out.pop("ts"), saved)
+            if progress:
+                meter = meter_kind.step(meter, carry[3] / steps)
+            return (carry, meter, saved), out
+
+        if long:  # one state per block; a block's steps recomputed in reverse mode
+            run_block = jax.checkpoint(run_block, prevent_cse=False)
+        meter_kind = diffrax.TqdmProgressMeter(refresh_steps=1)
+        meter = meter_kind.init() if progress else None
+        select = (jnp.asarray(plan.per_block) if interpolate
+                  else jnp.zeros((blocks, 0), jnp.int32))
+        split = jax.tree.map(lambda x: x.reshape(blocks, block, *x.shape[1:]), xs)
+        (carry, meter, saved), out = jax.lax.scan(run_block, (init, meter, saved),
+                                                  (split, select))
+        if progress:
+            meter_kind.close(meter)
+    _, result, last, taken = carry
+
     def row(x):
         return jax.tree.map(lambda a: a[None], x)
 
+    step_rows = ts_rows = None
     if save_steps:
         pad = rows - steps
         step_rows = jax.tree.map(
-            lambda x: jnp.concatenate([x, jnp.full((pad,) + x.shape[1:], jnp.inf,
-                                                   x.dtype)]), step_rows)
+            lambda x: jnp.concatenate([x.reshape(total, *x.shape[2:])[:steps],
+                                       jnp.full((pad,) + x.shape[2:], jnp.inf,
+                                                x.dtype)]), out["steps"])
+    if interpolate:
+        where = jnp.asarray(plan.where)
+        ts_rows = jax.tree.map(lambda x: x.reshape(-1, *x.shape[2:])[where],
+                               out["ts"])
+    elif traced_ts:
+        ts_rows = saved
     # The t1 row is the last step row when every step is saved.
     saved_ts, saved_ys = stack_saved(
         t0=row((ts[0], y0)) if save_t0 else None,
-        steps=step_rows if save_steps else None,
+        ts=ts_rows,
+        steps=step_rows,
         t1=row(last) if save_t1 and not save_steps else None)
     return saved_ts, saved_ys, result, taken
 
 
-
 def rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
               save_steps: bool, save_t1: bool, rows: int, keep_stages: bool,
-              throw: bool) -> Trajectory:
+              throw: bool, save_ts=None, plan: SavePlan | None = None,
+              blocks: int = 1, block: int | None = None,
+              progress: bool = False) -> Trajectory:
     """Integrate `problem` by [`rk4_solve`][] on the step times `grid_ts`: the route
     of [`cdiff.simulate`][] for constant-step RK4 known before tracing."""
     ts, ys, result, taken = rk4_solve(
         problem.rate, problem.freeze, problem.end_step, grid_ts, problem.y0,
         steps=steps, save_t0=save_t0, save_steps=save_steps, save_t1=save_t1,
-        rows=rows, keep_stages=keep_stages,
+        rows=rows, keep_stages=keep_stages, save_ts=save_ts, plan=plan,
+        blocks=blocks, block=block, progress=progress,
     )
     if throw:
         ts = result.error_if(ts, result != diffrax.RESULTS.successful)
