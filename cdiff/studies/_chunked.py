@@ -1,7 +1,9 @@
 r"""Sweeps larger than memory: a function of one item mapped over a batch in chunks,
 each chunk one compiled `jax.vmap`ped call split over the local devices
 (`jax.sharding`), with a progress bar, and saved chunk by chunk so that an
-interrupted sweep resumes where it stopped."""
+interrupted sweep resumes where it stopped. Across processes (`jax.distributed`)
+each process computes its share of the chunks on its own devices and the
+processes exchange them through the shared checkpoint directory."""
 
 from __future__ import annotations
 
@@ -26,6 +28,9 @@ _FORMAT = "cdiff.studies.map_batches checkpoint, version 2"
 _MANIFEST = "manifest.json"
 #: The entry of a chunk file that says which chunk of which sweep it holds.
 _RECORD = "chunk_record"
+#: Seconds between two looks at the checkpoint directory while waiting: the first
+#: and the longest (the interval doubles while nothing new appears).
+_POLL = (0.02, 1.0)
 
 
 @eqx.filter_jit
@@ -37,10 +42,14 @@ def _vmapped(fn, chunk):
 
 @dataclasses.dataclass
 class _Report:
-    """How a sweep went: the chunks computed and loaded (indices), the items per
-    compiled call (`width`: the chunk size rounded up to a multiple of the device
-    count), the devices, and the seconds spent compiling and running (the
-    computed chunks only, their transfer to the host included)."""
+    """How a sweep went in this process: the chunks it computed and loaded
+    (indices; across processes, `loaded` holds the chunks found in the checkpoint
+    and those the other processes computed), the items per compiled call (`width`:
+    the chunk size rounded up to a multiple of the device count), its devices, the
+    seconds spent compiling and running (the computed chunks only, their transfer
+    to the host included), the process's index and the process count
+    (`jax.process_index()`, `jax.process_count()`) and the seconds it spent
+    waiting for the other processes' chunks (`wait_time`)."""
 
     chunk_size: int
     width: int
@@ -49,6 +58,9 @@ class _Report:
     loaded: list = dataclasses.field(default_factory=list)
     compile_time: float = 0.0
     run_time: float = 0.0
+    process_index: int = 0
+    process_count: int = 1
+    wait_time: float = 0.0
 
     @property
     def chunks(self) -> int:
@@ -122,12 +134,68 @@ def _write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-def _open_checkpoint(directory: Path, manifest: dict, name: str) -> None:
+def _check_timeout(timeout, name: str):
+    if timeout is None:
+        return None
+    if (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
+            or not timeout > 0):
+        raise ValueError(f"{name}: timeout must be a positive number of seconds or "
+                         f"None, got {timeout!r}")
+    return float(timeout)
+
+
+def _chunk_path(directory: Path, i: int) -> Path:
+    return directory / f"chunk_{i:05d}.npz"
+
+
+def _listing(directory: Path) -> set[str]:
+    """The names in `directory` (a fresh listing: on a network file system, a
+    file another host has just renamed into place shows up here)."""
+    try:
+        return set(os.listdir(directory))
+    except FileNotFoundError:
+        return set()
+
+
+def _ranges(indices) -> str:
+    """`[0, 1, 2, 5, 7, 8]` as "0-2, 5, 7-8"."""
+    out, indices = [], sorted(indices)
+    for k, i in enumerate(indices):
+        if k and i == indices[k - 1] + 1:
+            out[-1][1] = i
+        else:
+            out.append([i, i])
+    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
+
+
+def _wait_for_manifest(directory: Path, timeout, name: str, process: int,
+                       count: int) -> float:
+    """Wait (up to `timeout` seconds; None: no limit) for process 0 to write the
+    manifest; the seconds waited."""
+    start = time.monotonic()
+    delay = _POLL[0]
+    while _MANIFEST not in _listing(directory):
+        waited = time.monotonic() - start
+        if timeout is not None and waited > timeout:
+            raise TimeoutError(
+                f"{name}: process {process} of {count} waited {waited:.0f} s for "
+                f"{directory / _MANIFEST}, which process 0 writes when it starts the "
+                f"sweep. Check that every process calls map_batches with the same "
+                f"checkpoint, a directory that all processes (all hosts) share, and "
+                f"look for an error in process 0's log; or pass a longer timeout.")
+        time.sleep(delay)
+        delay = min(2 * delay, _POLL[1])
+    return time.monotonic() - start
+
+
+def _open_checkpoint(directory: Path, manifest: dict, name: str,
+                     write: bool = True) -> None:
     """Create the checkpoint directory and its manifest, or check that the
-    manifest already there describes the same sweep."""
+    manifest already there describes the same sweep. With `write=False` (the
+    processes other than 0) the manifest must already be there."""
     directory.mkdir(parents=True, exist_ok=True)
     path = directory / _MANIFEST
-    if not path.exists():
+    if write and not path.exists():
         if any(directory.glob("chunk_*.npz")):
             raise ValueError(f"{name}: {directory} holds chunk files but no "
                              f"{_MANIFEST}; use an empty directory")
@@ -208,14 +276,23 @@ def _load_chunk(path: Path, structs, record: dict, name: str) -> list[np.ndarray
 
 def _placement(devices, name: str):
     """Shardings for a chunk (split along its leading axis) and for the array
-    leaves of `fn` (replicated): over a 1-D mesh when there are several devices."""
+    leaves of `fn` (replicated): over a 1-D mesh when there are several devices.
+    The devices must be this process's own (no collective across processes)."""
     if devices is None:
         devices = jax.local_devices()
         if len(devices) == 1:
-            return None, None, 1  # JAX's default placement
+            return None, None, 1  # JAX's default placement (a local device)
     devices = list(devices)
     if not devices:
         raise ValueError(f"{name}: devices is empty")
+    here = jax.process_index()
+    for d in devices:
+        if getattr(d, "process_index", here) != here:
+            raise ValueError(
+                f"{name}: devices must be this process's own (jax.local_devices(): "
+                f"process {here}); {d} belongs to process {d.process_index}. Across "
+                f"processes each one computes its share of the chunks on its local "
+                f"devices.")
     if len(devices) == 1:
         one = jax.sharding.SingleDeviceSharding(devices[0])
         return one, one, 1
@@ -235,6 +312,7 @@ def _sweep(
     progress: bool = True,
     devices: Sequence[Any] | None = None,
     compiler_options: dict[str, Any] | None = None,
+    timeout: Any = 3600.0,
     name: str = _NAME,
     on_chunk: Callable | None = None,
 ) -> tuple[Any, _Report]:
@@ -246,10 +324,18 @@ def _sweep(
     size = _check_chunk_size(chunk_size, n, name)
     if not isinstance(key, str):
         raise ValueError(f"{name}: key must be a str, got {type(key).__name__}")
+    timeout = _check_timeout(timeout, name)
+    process, count = jax.process_index(), jax.process_count()
+    if count > 1 and checkpoint is None:
+        raise ValueError(
+            f"{name}: across processes (jax.process_count() = {count}) a checkpoint "
+            f"directory is required, one that all processes share: each process "
+            f"computes its share of the chunks and writes them there, and reads the "
+            f"others' chunks from it")
     chunk_sharding, fn_sharding, n_dev = _placement(devices, name)
     width = -(-size // n_dev) * n_dev
     n_chunks = -(-n // size)
-    report = _Report(size, width, n_dev)
+    report = _Report(size, width, n_dev, process_index=process, process_count=count)
 
     items = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
                                          for a in arrays])
@@ -269,19 +355,31 @@ def _sweep(
             "outputs": [[list(s.shape), s.dtype.str] for s in out_structs],
             "output_structure": str(out_treedef),
         }
-        _open_checkpoint(directory, manifest, name)
+        if process != 0:  # process 0 writes the manifest, the others read it
+            directory.mkdir(parents=True, exist_ok=True)
+            report.wait_time += _wait_for_manifest(directory, timeout, name, process,
+                                                   count)
+        _open_checkpoint(directory, manifest, name, write=process == 0)
         sweep = _sweep_id(manifest)
 
     out = [np.empty((n, *s.shape), s.dtype) for s in out_structs]
-    todo = []
-    for i in range(n_chunks):
+
+    def load(i):
         lo, hi = i * size, min(n, (i + 1) * size)
-        path = None if directory is None else directory / f"chunk_{i:05d}.npz"
-        if path is not None and path.exists():
-            record = _chunk_record(sweep, i, lo, hi, paths, arrays)
-            for o, a in zip(out, _load_chunk(path, out_structs, record, name)):
-                o[lo:hi] = a
-            report.loaded.append(i)
+        record = _chunk_record(sweep, i, lo, hi, paths, arrays)
+        for o, a in zip(out, _load_chunk(_chunk_path(directory, i), out_structs,
+                                         record, name)):
+            o[lo:hi] = a
+        report.loaded.append(i)
+
+    # This process's share: chunk i is process i % count's (every chunk with one
+    # process). The others' chunks are read from the checkpoint once computed.
+    todo, others = [], []
+    for i in range(n_chunks):
+        if i % count != process:
+            others.append(i)
+        elif directory is not None and _chunk_path(directory, i).exists():
+            load(i)
         else:
             todo.append(i)
 
@@ -291,9 +389,12 @@ def _sweep(
     compiled = None
     from tqdm.auto import tqdm
 
-    done = n - sum(min(n, (i + 1) * size) - i * size for i in todo)
+    def items(i):
+        return min(n, (i + 1) * size) - i * size
+
+    done = n - sum(items(i) for i in todo + others)
     with tqdm(total=n, initial=done, desc=name.rsplit(".", 1)[-1], unit="run",
-              disable=not progress) as bar:
+              disable=not progress or process != 0) as bar:
         for i in todo:
             lo, hi = i * size, min(n, (i + 1) * size)
             # The ragged last chunk (and every chunk, to a multiple of the device
@@ -327,7 +428,51 @@ def _sweep(
                            f, *leaves, **{_RECORD: np.asarray(record)}))
             report.computed.append(i)
             bar.update(hi - lo)
+        if others:
+            report.wait_time += _gather(directory, others, load, timeout, name,
+                                        process, count,
+                                        lambda i: bar.update(items(i)))
+            report.loaded.sort()
     return jax.tree.unflatten(out_treedef, out), report
+
+
+def _gather(directory: Path, missing: list, load: Callable, timeout, name: str,
+            process: int, count: int, loaded: Callable) -> float:
+    """Load the chunks `missing` (the other processes' share) as they appear in
+    `directory`, waiting for them; `TimeoutError` naming those still missing when
+    none has appeared for `timeout` seconds (None: no limit). The seconds spent
+    waiting (not loading)."""
+    missing = list(missing)
+    waited = 0.0
+    last = time.monotonic()  # the last time a chunk appeared
+    delay = _POLL[0]
+    while True:
+        names = _listing(directory)
+        ready = [i for i in missing if _chunk_path(directory, i).name in names]
+        for i in ready:
+            load(i)
+            loaded(i)
+        if ready:
+            missing = [i for i in missing if i not in ready]
+            last, delay = time.monotonic(), _POLL[0]
+        if not missing:
+            return waited
+        idle = time.monotonic() - last
+        if timeout is not None and idle > timeout:
+            owners = sorted({i % count for i in missing})
+            raise TimeoutError(
+                f"{name}: process {process} of {count} has waited {idle:.0f} s "
+                f"without a new chunk in {directory}; chunks {_ranges(missing)} "
+                f"({len(missing)} of them, the share of process"
+                f"{'es' if len(owners) > 1 else ''} "
+                f"{', '.join(map(str, owners))}) are still missing. Check that "
+                f"every process calls map_batches with the same inputs, chunk_size "
+                f"and checkpoint (a directory all hosts share) and look for an "
+                f"error in their logs; rerun to resume, or pass a longer timeout.")
+        start = time.monotonic()
+        time.sleep(delay)
+        waited += time.monotonic() - start
+        delay = min(2 * delay, _POLL[1])
 
 
 def map_batches(
@@ -340,12 +485,15 @@ def map_batches(
     progress: bool = True,
     devices: Sequence[Any] | None = None,
     compiler_options: dict[str, Any] | None = None,
+    timeout: float | None = 3600.0,
 ) -> Any:
     r"""`jax.vmap(fn)(inputs)` for batches larger than memory: in chunks of
     `chunk_size` items, each chunk **one compiled `jax.vmap`ped call split over
     the local devices**, with a progress bar, and (with `checkpoint`) saved as it
     finishes, so that **an interrupted sweep resumes where it stopped** and gives
-    the same numbers as an uninterrupted one.
+    the same numbers as an uninterrupted one. **Across processes and hosts**
+    (after `jax.distributed.initialize()`) each process computes its share of the
+    chunks and all of them return the whole batch's results.
 
     `fn` maps one item (a pytree of arrays, the batch axis removed) to a pytree of
     arrays, typically running [`cdiff.simulate`][] and reducing its solution to a
@@ -387,22 +535,51 @@ def map_batches(
       stored in and checked against the manifest.
     - `progress`: a progress bar over the items (tqdm), starting at those loaded.
     - `devices`: the devices to split each chunk over, default all local devices
-      (`jax.local_devices()`). With more than one, each chunk is put on a 1-D
-      `jax.sharding.Mesh` with `NamedSharding(mesh, PartitionSpec("batch"))` (the
-      array leaves of `fn` replicated) and `jax.jit` runs the vmapped call split
-      along the batch. The chunk is then padded to a multiple of the device count,
-      like the last chunk; the saved chunks do not depend on it, so a sweep can be
+      (`jax.local_devices()`); they must be this process's own. With more than
+      one, each chunk is put on a 1-D `jax.sharding.Mesh` with
+      `NamedSharding(mesh, PartitionSpec("batch"))` (the array leaves of `fn`
+      replicated) and `jax.jit` runs the vmapped call split along the batch.
+      The chunk is then padded to a multiple of the device count, like the last
+      chunk; the saved chunks do not depend on it, so a sweep can be
       resumed on another number of devices.
     - `compiler_options`: XLA options for the compilation, default
       [`cdiff.compiler_options`][] (`{}` gives JAX's defaults).
+    - `timeout`: across processes, the seconds a process waits **without a new
+      chunk appearing** in the checkpoint (and, on processes other than 0, for
+      the manifest) before it gives up with a `TimeoutError` naming the missing
+      chunks; `None` waits without limit. Each new chunk restarts the clock, so
+      only a single chunk slower than `timeout` (or a process that never runs
+      its share) trips it. Unused in one process.
+
+    **Across processes** (`jax.process_count() > 1`, after
+    `jax.distributed.initialize(...)`; one process per host, or per GPU): every
+    process calls `map_batches` with the same arguments. Chunk `i` is computed by
+    process `i % jax.process_count()` on its own devices (`devices` defaults to
+    `jax.local_devices()`; there is no mesh across processes and no collective),
+    so the processes never wait on one another while they compute. `checkpoint`
+    is required (a `ValueError` before anything runs otherwise) and must be a
+    directory that all processes see (a shared file system): process 0 writes
+    the manifest (the others wait for it and check it), each process writes its
+    chunks there, skips the chunks of its share already there (a rerun resumes,
+    also with another process count), then reads the other processes' chunks as
+    they appear (polling the directory). **Every process returns the whole
+    batch's results** (each holds them in host memory), so the code after the
+    call runs the same everywhere; write files from process 0 only. The progress
+    bar shows on process 0 only. If a process dies, JAX's distributed runtime
+    aborts the others: at once when process 0 (the coordinator) dies, otherwise
+    after `heartbeat_timeout_seconds` (an argument of
+    `jax.distributed.initialize`, 100 s by default). The chunks written stay, and
+    a rerun resumes.
 
     **Returns:** `outputs`, the pytree that `fn` returns, with NumPy leaves of
     leading size N, in the order of `inputs`.
 
     **Raises:** `ValueError` for inputs that are not arrays with a common,
     non-zero leading size, a `chunk_size` below 1, an `fn` that does not return
-    arrays, a checkpoint of another sweep, and a chunk file that is unreadable or
-    not the chunk its name says.
+    arrays, a checkpoint of another sweep, a chunk file that is unreadable or not
+    the chunk its name says, devices of another process, and a missing
+    `checkpoint` across processes; `TimeoutError` when, across processes, the
+    other processes' chunks stop coming (see `timeout`).
 
     !!! example
 
@@ -423,7 +600,32 @@ def map_batches(
             final_angle, {"r": r.ravel(), "theta0": theta0.ravel()},
             chunk_size=256, checkpoint="out/pendulum-sweep", key="t1=1, dt=1e-2")
         ```
+
+    !!! example
+
+        The same sweep over several hosts (or one process per GPU), e.g. with
+        `srun python sweep.py` in a SLURM job, where
+        `jax.distributed.initialize()` finds the coordinator, the process count
+        and this process's index by itself, and gives each process one GPU, the
+        `SLURM_LOCALID`-th (for one process per node driving all its GPUs, pass
+        `local_device_ids=range(gpus_per_node)`; outside SLURM, pass
+        `coordinator_address="host0:1234", num_processes=..., process_id=...`).
+        The checkpoint must be on a file system every host sees:
+
+        ```python
+        import jax
+
+        jax.distributed.initialize()  # before any other JAX call
+
+        angles = cdiff.studies.map_batches(
+            final_angle, {"r": r.ravel(), "theta0": theta0.ravel()},
+            chunk_size=256, checkpoint="/shared/out/pendulum-sweep",
+            key="t1=1, dt=1e-2")
+        # Every process has all 1000 angles; process i computed chunks i, i + P, ...
+        if jax.process_index() == 0:
+            np.save("/shared/out/angles.npy", angles)
+        ```
     """
     return _sweep(fn, inputs, chunk_size=chunk_size, checkpoint=checkpoint, key=key,
                   progress=progress, devices=devices,
-                  compiler_options=compiler_options)[0]
+                  compiler_options=compiler_options, timeout=timeout)[0]
