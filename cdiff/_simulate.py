@@ -126,8 +126,8 @@ def simulate(
       ([`cdiff.analysis.inconsistency`][]), reported as
       `RESULTS.inconsistent_constraints`.
     - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`; cdiff's own
-      RK4 loop updates it about sqrt(steps) times, once per block of steps, for a
-      whole `vmap`ped batch).
+      RK4 loop updates it about 20 times, between blocks of steps, for a whole
+      `vmap`ped batch).
     - `divergence`: the divergence test. A solve whose saved states include a
       coordinate, velocity, position residual $\Phi_q$ or velocity residual larger
       in magnitude than `divergence` $\cdot \max(1, \|q_0\|_\infty,

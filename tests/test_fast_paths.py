@@ -182,33 +182,40 @@ def _route(monkeypatch):
 def test_own_loop_save_times_traced_and_differentiated(monkeypatch):
     """Save times traced under jit (here an argument; as `jnp.array` inside a jitted
     function) are interpolated by every step of the own loop: the same rows as
-    concrete ones and as diffrax, and the same gradient."""
-    q0, v0 = MODEL.initial_state()
+    concrete ones, and the same gradient as diffrax."""
     routes = _route(monkeypatch)
+    model = cdiff.models.ParticleOnCircle(g=9.81, speed=0.0)
+    q0, v0 = model.initial_state()
+    ts = TS / 0.3 * 0.5
 
-    def run(ts, length):
-        model = cdiff.models.SliderCrank(l=length)
-        return cdiff.simulate(model, UK, q0, v0, t1=0.3, dt=0.01,
+    def run(ts, g):
+        model = cdiff.models.ParticleOnCircle(g=g, speed=0.0)
+        return cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, v0, t1=0.5, dt=0.02,
                               saveat=cdiff.SaveAt(ts=ts, t1=True))
 
-    concrete = run(jnp.asarray(TS), 1.0)
-    traced = jax.jit(run)(jnp.asarray(TS), 1.0)
+    concrete = run(jnp.asarray(ts), 9.81)
+    traced = jax.jit(run)(jnp.asarray(ts), 9.81)
     assert routes == ["_OwnRK4", "_OwnRK4"]
-    np.testing.assert_array_equal(np.asarray(traced.ts), np.append(TS, 0.3))
+    np.testing.assert_array_equal(np.asarray(traced.ts), np.append(ts, 0.5))
     np.testing.assert_allclose(traced.q, concrete.q, rtol=0, atol=1e-15)
 
-    def loss(length, ts=jnp.asarray(TS)):
-        return jnp.sum(run(ts, length).q[:-1, 0] ** 2)
+    def grad():  # a new function each time: traced anew, with the current route
+        return jax.jit(lambda ts, g: jax.grad(
+            lambda g: jnp.sum(run(ts, g).q[:-1, 1] ** 2))(g))(jnp.asarray(ts), 9.81)
 
-    own, general = _both(lambda: (jax.grad(loss)(1.0),
-                                  jax.jit(jax.grad(loss))(1.0, jnp.asarray(TS))))
-    assert routes[2:] == ["_OwnRK4", "_OwnRK4", "_Diffrax", "_Diffrax"]
-    assert abs(float(general[0])) > 1e-2
+    own, general = _both(grad)
+    assert routes[2:] == ["_OwnRK4", "_Diffrax"]
+    assert abs(float(general)) > 1e-2
     np.testing.assert_allclose(own, general, rtol=1e-12)
     # More traced times than the own loop interpolates at every step: diffrax.
-    many = jnp.linspace(0.0, 0.3, _simulate._TRACED_SAVE_TIMES + 1)
-    jax.jit(run)(many, 1.0)
-    assert routes[-1] == "_Diffrax"
+    steps = _simulate._own_loop_steps
+    many = jnp.linspace(0.0, 0.5, _simulate._TRACED_SAVE_TIMES + 1)
+    seen = []
+    jax.jit(lambda t: seen.append([steps(cdiff.RK4(), diffrax.ConstantStepSize(),
+                                         cdiff.SaveAt(ts=x), None, 25,
+                                         (0.0, 0.5, 0.02)) for x in (t, t[:16])])
+            or t)(many)
+    assert seen == [[None, 25]]
 
 
 @pytest.mark.parametrize("ts, match", [
@@ -251,36 +258,26 @@ def test_own_loop_long_solve_checkpoints_blocks(monkeypatch):
     state per step and as diffrax."""
     from cdiff._solver import rk4
 
-    q0, v0 = MODEL.initial_state()
+    q0, v0 = cdiff.models.ParticleOnCircle(g=9.81, speed=0.0).initial_state()
 
-    def loss(length):
-        model = cdiff.models.SliderCrank(l=length)
-        sol = cdiff.simulate(model, UK, q0, v0, t1=0.3, dt=0.01,
-                             saveat=cdiff.SaveAt(t1=True))
-        return model.slider(sol.q[-1])
+    def grad():  # a new function each time: traced anew, with the current bounds
+        def loss(g):
+            model = cdiff.models.ParticleOnCircle(g=g, speed=0.0)
+            sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, v0, t1=0.5,
+                                 dt=0.02, saveat=cdiff.SaveAt(t1=True))
+            return sol.q[-1, 1]
+        return jax.jit(jax.grad(loss))(9.81)
 
-    per_step = jax.grad(loss)(1.0)
+    per_step = grad()
     monkeypatch.setattr(rk4, "CHECKPOINT_EVERY_STEP", 16)
     monkeypatch.setattr(_simulate, "_CHECKPOINT_EVERY_STEP", 16)
     monkeypatch.setattr(_simulate, "_KEEP_STAGES", 0)
-    jax.clear_caches()
     routes = _route(monkeypatch)
-    own, general = _both(lambda: jax.grad(loss)(1.0))
+    own, general = _both(grad)
     assert routes == ["_OwnRK4", "_Diffrax"]
     assert abs(float(per_step)) > 1e-2
     np.testing.assert_allclose(own, per_step, rtol=1e-13)
     np.testing.assert_allclose(own, general, rtol=1e-12)
-
-
-# Lagrange: no per-step data; NullSpace: its own state (q, nu, R) and end-of-step map.
-@pytest.mark.parametrize("formulation", [cdiff.Lagrange(), cdiff.NullSpace()])
-def test_own_loop_matches_diffrax_formulations(formulation):
-    q0, v0 = MODEL.initial_state()
-    own, general = _both(lambda: cdiff.simulate(MODEL, formulation, q0, v0, t1=0.2,
-                                                dt=0.01))
-    np.testing.assert_allclose(own.q, general.q, rtol=0, atol=1e-12)
-    np.testing.assert_allclose(own.multipliers, general.multipliers, rtol=1e-9,
-                               atol=1e-9)
 
 
 @pytest.mark.parametrize("save", ["default", "t1", "ts"])
@@ -378,3 +375,17 @@ def test_blocks_and_save_plan():
         assert grid[k] < t <= grid[k + 1] or (t == 0.0 and k == 0)
     assert [steps_of[i] for i in (0, 1, 4, 5, 6)] == [0, 1, 15, 29, 29]
     assert plan.per_step.shape == (30, 2)  # two times in one step (0.1, 0.299-0.3)
+
+
+def test_energy_error_against_the_initial_state_when_t0_is_not_saved():
+    """`max_energy_error` compares with E(t0, q0, v0) (`Solution.energy0`), not with
+    the first saved row, which is E(t1) when only t1 is saved."""
+    q0, v0 = MODEL.initial_state()
+    every = cdiff.simulate(MODEL, cdiff.UdwadiaKalaba(), q0, v0, t1=0.3, dt=0.01)
+    last = cdiff.simulate(MODEL, cdiff.UdwadiaKalaba(), q0, v0, t1=0.3, dt=0.01,
+                          saveat=cdiff.SaveAt(t1=True))
+    e0 = float(MODEL.energy(0.0, q0, v0))
+    assert float(last.energy0) == e0 == float(every.energy[0])
+    drift = abs(float(every.energy[-1]) - e0)
+    assert drift > 1e-9  # UK without energy correction drifts
+    np.testing.assert_allclose(float(last.max_energy_error), drift, rtol=1e-12)
