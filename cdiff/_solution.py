@@ -51,6 +51,8 @@ class Solution(eqx.Module):
     - `stats`: the solver's statistics (numbers of steps; for [`cdiff.BDF`][] also
       `t_stop` and `q_stop`, where the solve ended); `t_diverged`, the first saved
       time that failed the divergence test (`inf` if none).
+    - `energy0`: $E(t_0, q_0, v_0)$, the energy of the initial state (`None` if the
+      model defines no energy).
     """
 
     ts: Float[Array, " T"]
@@ -65,6 +67,7 @@ class Solution(eqx.Module):
     result: Any
     dt: Float[Array, ""]
     stats: dict[str, Any]
+    energy0: Float[Array, ""] | None = None
 
     @property
     def succeeded(self) -> Bool[Array, "*batch"]:
@@ -95,10 +98,13 @@ class Solution(eqx.Module):
 
     @property
     def max_energy_error(self) -> Float[Array, ""]:
-        r"""$\max_t |E(t) - E(t_0)|$ (`NaN` without an energy)."""
+        r"""$\max_t |E(t) - E(t_0)|$ over the saved rows, against the initial
+        state's energy (also when `t0` is not saved; `NaN` without an energy)."""
         if self.energy is None:
             return jnp.asarray(jnp.nan)
-        return _finite_max(jnp.abs(self.energy - self.energy[..., :1]))
+        e0 = (self.energy[..., :1] if self.energy0 is None
+              else jnp.expand_dims(self.energy0, -1))
+        return _finite_max(jnp.abs(self.energy - e0))
 
     def animate(self, model: AbstractModel, path, **kwargs) -> Path:
         """Write a GIF or MP4 of the motion: `cdiff.animate(model, self, path,
@@ -199,7 +205,7 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     if throw:
         ts = result.error_if(ts, result == RESULTS.diverged)
     return Solution(ts, q, v, hol, vel, energy, force, lam, ys, result, dt_taken,
-                    stats)
+                    stats, None if energy is None else context.e0)
 
 
 def stack_saved(t0=None, ts=None, steps=None, t1=None):
