@@ -23,7 +23,7 @@ def add_parser(sub, number) -> None:
         "study",
         help="batched accuracy studies: step sizes, stabilisation gains",
         description="Batched accuracy studies of a reference model (every step size "
-        "of a formulation in one vmapped call); writes a table (CSV, npz) and a "
+        "of a formulation through one compiled program); writes a table (CSV, npz) and a "
         "figure to --out.",
     )
     kinds = study.add_subparsers(dest="study", required=True, metavar="STUDY")
@@ -39,8 +39,8 @@ def add_parser(sub, number) -> None:
     gains = kinds.add_parser(
         "gains",
         help="sweep Baumgarte (or NullSpace) gains; best gains per step size",
-        description="Every combination of the gains at every step size in one "
-        "vmapped call; prints and writes the best gains per step size. Writes "
+        description="Every combination of the gains at every step size in vmapped "
+        "calls; prints and writes the best gains per step size. Writes "
         "DIR/MODEL-gains.{csv,npz,png} and DIR/MODEL-gains-best.csv.",
     )
     for p in (step, gains):

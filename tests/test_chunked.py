@@ -219,8 +219,14 @@ def test_gain_sweep_in_chunks_equals_one_call(tmp_path):
     model = cdiff.models.ParticleOnCircle(g=9.81, speed=0.0)
     args = (model, cdiff.Lagrange(), {"alpha": [1.0, 10.0], "beta": [1.0, 10.0]},
             [0.05, 0.1], 0.5)
-    one = cdiff.studies.gain_sweep(*args, n_save=5)
+    one = cdiff.studies.gain_sweep(*args, n_save=5, chunk_size=8)
     assert one.meta["chunks"] == 1 and "in one call" in one.title
+    # The default on CPU: one chunk per step size (its four gain combinations).
+    default = cdiff.studies.gain_sweep(*args, n_save=5)
+    if jax.default_backend() == "cpu":
+        assert default.meta["chunks"] == 2 and "2 chunks of 4" in default.title
+    for name in one.names:
+        np.testing.assert_allclose(default[name], one[name], rtol=1e-12, atol=0)
     chunked = cdiff.studies.gain_sweep(*args, n_save=5, chunk_size=3,
                                        checkpoint=tmp_path)
     assert len(chunked) == 8

@@ -1,4 +1,4 @@
-"""cdiff.studies.step_size_study and gain_sweep: one vmapped call per formulation,
+"""cdiff.studies.step_size_study and gain_sweep (one compiled program per formulation),
 checked against separate simulations measured independently (numpy on the
 Solution's own residuals and the exact reference)."""
 

@@ -273,10 +273,12 @@ def _check_formulation(model, name, formulation, setup: _Setup):
 
 def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
          repeat: int = 1):
-    """The measures of every step size (rows of `dts`) in one vmapped call,
-    and its timings. When every measurement time ends a step of every step size
-    the study's own loop on the step grid runs (`grid_solve`), else
-    `diffeqsolve` with `SaveAt(ts)` (interpolating between steps)."""
+    """The measures of every step size (rows of `dts`) and their timings: on CPU
+    one step size after another through one compiled program (the step size
+    traced), elsewhere in one vmapped call. When every measurement time ends a
+    step of every step size the study's own loop on the step grid runs
+    (`grid_solve`), else `diffeqsolve` with `SaveAt(ts)` (interpolating between
+    steps)."""
     n = len(dts)
     axes = _axes(formulation, n)
     ks = _steps_per_save(dts, float(setup.t1), int(setup.ts.shape[0]))
@@ -299,6 +301,26 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
                     setup.t1, jnp.asarray(dts[i]), setup.ts, max_steps, setup.e0,
                     setup.obs_ref)
 
+    if _ONE_AFTER_ANOTHER and jax.default_backend() == "cpu":
+        # One step size after another through the single-trajectory program: on
+        # CPU a vmapped batch costs its longest run times a width factor, one
+        # after another about the sum of the runs (benchmarks/studies.py).
+        start = time.perf_counter()
+        single = one.lower(*single_args(0)).compile(compiler_options())
+        compile_time = time.perf_counter() - start
+        measures = np.zeros((n, len(_METRICS)))
+        each = np.full(n, np.inf)
+        batch_time = np.inf
+        for _ in range(repeat):
+            total = 0.0
+            for i in range(n):
+                start = time.perf_counter()
+                measures[i] = np.asarray(_block(single(*single_args(i))))
+                elapsed = time.perf_counter() - start
+                each[i], total = min(each[i], elapsed), total + elapsed
+            batch_time = min(batch_time, total)
+        return (measures, compile_time, batch_time,
+                each if time_each else np.full(n, np.nan))
     start = time.perf_counter()
     compiled = batch.lower(*args).compile(compiler_options())
     compile_time = time.perf_counter() - start
@@ -317,6 +339,10 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
                 _block(single(*single_args(i)))
                 each[i] = np.fmin(each[i], time.perf_counter() - start)
     return measures, compile_time, batch_time, each
+
+
+# Switch for the benchmark that compares with one vmapped call on CPU.
+_ONE_AFTER_ANOTHER = True
 
 
 def _named(formulations) -> dict[str, Any]:
@@ -394,8 +420,11 @@ def step_size_study(
     initial_state=None,
     progress: bool = True,
 ) -> StepSizeStudy:
-    r"""Accuracy against step size, every step size of a formulation in **one
-    `jax.vmap`ped call** (Braun & Goldfarb Fig. 4 (a)-(e)).
+    r"""Accuracy against step size, every step size of a formulation through **one
+    compiled program** (Braun & Goldfarb Fig. 4 (a)-(e)): on CPU run once per step
+    size (the cost is about the sum of the runs: R2's eight default step sizes 2.4
+    to 2.7 times the smallest alone, against 3.2 to 3.9 in one vmapped call), on GPUs one `jax.vmap`ped call over the step sizes
+    (its cost is the longest run's).
 
     For each formulation and step size: the maximum constraint error
     $\max|\Phi_q|$, velocity-constraint error $\max|[\dot\Phi_q; \Phi_v]|$,
@@ -430,7 +459,8 @@ def step_size_study(
 
     **Returns:** a [`cdiff.studies.StepSizeStudy`][] table with columns
     `formulation`, `dt`, `steps`, the four error maxima, `time` (s per run),
-    `batch_time` (s for the formulation's vmapped call over all step sizes) and
+    `batch_time` (s for all the formulation's step sizes: the vmapped call, or
+    on CPU the sum of the runs one after another) and
     `compile_time` (s, its compilation; near zero when JAX reused a compilation
     from earlier in the process).
     """
@@ -551,8 +581,8 @@ def gain_sweep(
     checkpoint: str | os.PathLike | None = None,
     progress: bool = False,
 ) -> GainSweep:
-    r"""Sweep stabilisation gains and step sizes together in **one `jax.vmap`ped
-    call** (or in resumable chunks): every combination of the `gains` values (a
+    r"""Sweep stabilisation gains and step sizes together in **`jax.vmap`ped
+    calls** (resumable chunks): every combination of the `gains` values (a
     grid) at every step size, measured as in [`cdiff.studies.step_size_study`][],
     and the best gains per step size (the "optimal parameters" of the papers'
     Baumgarte baseline).
@@ -567,7 +597,9 @@ def gain_sweep(
     - `metric`: the column that ranks the gains (`"max_error"` by default;
       `"max_constraint_error"` for a model without a reference).
     - `chunk_size`, `checkpoint`: run the grid in chunks of `chunk_size`
-      combinations (default: all in one call), split over the local devices, and
+      combinations (default: all in one call; on CPU one chunk per step size, the
+      gains of a step size in one call, since a vmapped call costs its longest
+      run times its width), split over the local devices, and
       save each finished chunk in the directory `checkpoint`, so that a rerun with
       the same arguments resumes where an interrupted one stopped (with other
       arguments it raises a `ValueError`); see [`cdiff.studies.map_batches`][].
@@ -606,6 +638,10 @@ def gain_sweep(
                         for k, name in enumerate(names)}}
     # What the checkpoint checks besides the inputs and the arrays of _GainRun
     # (the model's, the initial state, ...): the static settings.
+    if chunk_size is None and len(dts) > 1 and jax.default_backend() == "cpu":
+        # A chunk per step size (the combinations run step size by step size): on
+        # CPU a vmapped call costs its longest run times its width.
+        chunk_size = len(grid)
     description = (f"gain_sweep {model!r} {formulation!r} {solver!r} "
                    f"t1={float(t1)!r} n_save={n_save}")
     measures, report = _sweep(
