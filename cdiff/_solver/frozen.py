@@ -8,12 +8,13 @@ import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+from diffrax._root_finder import use_stepsize_tol
 
 from .._formulation.base import AbstractFormulation
 from .._problem import Problem, frozen_placeholder
 from .._solution import Trajectory
 from .._xla import compute_once
-from .base import AbstractForwardingSolver
+from .base import AbstractForwardingSolver, innermost, replace_innermost
 
 
 def all_finite(tree) -> jax.Array:
@@ -81,12 +82,34 @@ def diffrax_problem(problem: Problem, solver: diffrax.AbstractSolver, dt):
             (problem.context, frozen_placeholder(problem, dt)))
 
 
+def stepsize_tolerances(solver: diffrax.AbstractSolver, stepsize_controller):
+    """`solver` with the root finder of the implicit solver at its bottom given the
+    adaptive controller's `rtol`, `atol` and `norm` where it asks for them
+    (`diffrax.Kvaerno5()`'s default), as `diffrax.diffeqsolve` does itself. diffrax
+    sees an implicit solver through one wrapper only, and [`FrozenStep`][] around
+    [`cdiff.Projected`][] is two: without this, `Projected(Kvaerno5(), ...)` under
+    a `PIDController` failed inside the root finder."""
+    inner = innermost(solver)
+    if not (isinstance(inner, diffrax.AbstractImplicitSolver) and isinstance(
+            stepsize_controller, diffrax.AbstractAdaptiveStepSizeController)):
+        return solver
+    names = [name for name in ("rtol", "atol", "norm")
+             if getattr(inner.root_finder, name) is use_stepsize_tol]
+    if not names:
+        return solver
+    inner = eqx.tree_at(
+        lambda s: tuple(getattr(s.root_finder, name) for name in names), inner,
+        tuple(getattr(stepsize_controller, name) for name in names))
+    return replace_innermost(solver, inner)
+
+
 def diffrax_route(problem: Problem, solver: diffrax.AbstractSolver, *, dt0, dt,
                   stepsize_controller, saveat, adjoint, max_steps: int, throw: bool,
                   progress: bool) -> Trajectory:
     """Integrate `problem` by `diffrax.diffeqsolve` (any diffrax solver, step size
     controller, `saveat` and adjoint): the route of [`cdiff.simulate`][] for
     everything cdiff's own loops do not cover."""
+    solver = stepsize_tolerances(solver, stepsize_controller)
     terms, solver, args = diffrax_problem(problem, solver, dt)
     sol = diffrax.diffeqsolve(
         terms, solver, problem.t0, problem.t1, dt0, problem.y0, args=args,

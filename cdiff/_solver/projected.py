@@ -8,6 +8,7 @@ projections of `cdiff._projection`.
 from __future__ import annotations
 
 import diffrax
+import jax
 
 from .._formulation.base import Context
 from .._projection import AbstractProjection
@@ -32,7 +33,11 @@ class Projected(AbstractForwardingSolver):
     squares. Use it through [`cdiff.simulate`][] (it reads the model and the
     formulation from the solve's arguments). The inner solver is told that the
     vector field jumped after every step (its first-same-as-last stage would be
-    stale), and the dense output ends at the projected state.
+    stale), and the dense output (`SaveAt(ts=...)`) ends at the projected state;
+    between step ends it is the inner solver's interpolant, off the constraints by
+    its interpolation error. With an adaptive step-size controller every attempted
+    step is projected; a rejected one is discarded like any other, and the error
+    estimate is the inner solver's, of the step before projection.
 
     The projection is an ordinary function of the state (a fixed number of
     iterations), so the solve vmaps and differentiates: reverse mode through
@@ -68,10 +73,18 @@ class Projected(AbstractForwardingSolver):
                 "cdiff.Projected must be used through cdiff.simulate(..., "
                 "solver=cdiff.Projected(...)): it needs the model and formulation."
             )
-        y1, y_error, dense_info, solver_state, result = self.solver.step(
+        y1_free, y_error, dense_info, solver_state, result = self.solver.step(
             terms, t0, t1, y0, args, solver_state, True
         )
-        y1 = context.formulation.project(t1, y1, context, self.projection)
+        y1 = context.formulation.project(t1, y1_free, context, self.projection)
         if isinstance(dense_info, dict) and "y1" in dense_info:
             dense_info = dict(dense_info, y1=y1)
+            k = dense_info.get("k")
+            if k is not None and jax.tree.structure(k) == jax.tree.structure(y1):
+                # Interpolants that never read y1 (Tsit5's, Dopri8's: y0 plus
+                # weights b_i(theta) times the stage increments k_i, with
+                # sum_i b_i(theta) = theta) end at the projected state when every
+                # increment carries the projection's displacement.
+                dense_info["k"] = jax.tree.map(
+                    lambda k_, a, b: k_ + (a - b), k, y1, y1_free)
         return y1, y_error, dense_info, solver_state, result
