@@ -329,6 +329,8 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
         # About 20 refreshes of the bar, each a host callback (no state carried
         # through the loop: an io_callback's token made R2's 30000 steps 30% slower).
         refresh = max(1, -(-blocks // 20))
+        if progress:  # imported now, not by the first callback during the run
+            import tqdm.auto  # noqa: F401
         select = (jnp.asarray(plan.per_block) if interpolate
                   else jnp.zeros((blocks, 0), jnp.int32))
         split = jax.tree.map(lambda x: x.reshape(blocks, block, *x.shape[1:]), xs)
