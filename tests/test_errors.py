@@ -458,8 +458,9 @@ def test_forward_mode_through_diffrax_names_the_adjoint():
     model = cdiff.models.ParticleOnCircle()
     q0, v0 = model.initial_state()
 
-    def final(q0, **kw):
+    def final(q0, solver=diffrax.Tsit5(), **kw):  # Tsit5: diffrax's loop
         return cdiff.simulate(model, LAGRANGE, q0, v0, t1=0.1, dt=0.05,
+                              solver=solver,
                               saveat=cdiff.SaveAt(ts=jnp.array([0.1])), **kw).q[-1]
 
     with pytest.raises(TypeError, match=r"adjoint=diffrax\.ForwardMode\(\)"):
@@ -469,6 +470,11 @@ def test_forward_mode_through_diffrax_names_the_adjoint():
     central = np.stack([(final(q0 + h * e) - final(q0 - h * e)) / (2 * h)
                         for e in np.eye(2)], axis=-1)
     np.testing.assert_allclose(forward, central, rtol=1e-7, atol=1e-9)
+    # cdiff's own RK4 loop (the default solver) takes jax.jacfwd as it is.
+    own = jax.jacfwd(lambda q: final(q, solver=None))(q0)
+    central = np.stack([(final(q0 + h * e, None) - final(q0 - h * e, None)) / (2 * h)
+                        for e in np.eye(2)], axis=-1)
+    np.testing.assert_allclose(own, central, rtol=1e-7, atol=1e-9)
 
 
 def test_traced_dt_needs_no_max_steps_when_the_rows_do_not_depend_on_it():
