@@ -50,14 +50,13 @@ def natural(batch: int, saveat: str):
     q0s, v0 = model.initial_state()
     q0s = q0s + jnp.zeros((batch, 6)).at[:, 2].set(jnp.linspace(0.0, 1e-6, batch))
 
-    if saveat == "ts":
-        fn = jax.jit(jax.vmap(lambda q0: cdiff.simulate(
-            model, cdiff.UdwadiaKalaba(energy_correction=True), q0, v0, t1=1.0,
-            dt=1e-2, saveat=cdiff.SaveAt(ts=jnp.array([1.0]))).q[-1]))
-    else:
-        fn = jax.jit(jax.vmap(lambda q0: cdiff.simulate(
-            model, cdiff.UdwadiaKalaba(energy_correction=True), q0, v0, t1=1.0,
-            dt=1e-2, saveat=cdiff.SaveAt(t1=True)).q[-1]))
+    # Made inside the traced function, as a user writes it (`jnp.array` there is
+    # traced: the own loop's traced save times).
+    make = {"ts": lambda: cdiff.SaveAt(ts=jnp.array([1.0])),
+            "t1": lambda: cdiff.SaveAt(t1=True)}[saveat]
+    fn = jax.jit(jax.vmap(lambda q0: cdiff.simulate(
+        model, cdiff.UdwadiaKalaba(energy_correction=True), q0, v0, t1=1.0, dt=1e-2,
+        saveat=make()).q[-1]))
     start = time.perf_counter()
     jax.block_until_ready(fn(q0s))
     first = time.perf_counter() - start

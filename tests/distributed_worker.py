@@ -3,7 +3,7 @@ tests/test_distributed.py): `python tests/distributed_worker.py PROCESS_ID PORT
 CHECKPOINT OUT MODE`.
 
 It joins `jax.distributed` on localhost:PORT as process PROCESS_ID of 2, maps
-`final_state` over `INPUTS` (32 pendulums, 8 chunks of 4) with the checkpoint
+tests/test_chunked.py's `final_state` over `INPUTS` (32 pendulums, 8 chunks of 4) with the checkpoint
 directory CHECKPOINT, and saves its results and report in OUT/result_{PROCESS_ID}.npz.
 MODE "run" runs the sweep; MODE "kill" dies by SIGKILL partway: process 1 when it
 has computed chunks 1 and 3 (at chunk 5), process 0 when it has computed chunks 0
@@ -25,27 +25,15 @@ import jax
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-import cdiff  # noqa: E402
+from test_chunked import final_state  # noqa: E402  (tests/ is on sys.path)
 
 # 32 pendulums (length r, initial angle theta0): 8 chunks of 4.
 R, THETA0 = np.meshgrid(np.linspace(0.5, 2.0, 8), np.linspace(-1.2, 0.0, 4))
 INPUTS = {"r": R.ravel(), "theta0": THETA0.ravel()}
 CHUNK = 4
-KEY = "ParticleOnCircle, UK, t1=1, dt=4e-2"
-
-
-def final_state(item):
-    """A pendulum of length r released at rest from theta0: its final angle and
-    position after 1 s (25 RK4 steps)."""
-    r, theta0 = item["r"], item["theta0"]
-    model = cdiff.models.ParticleOnCircle(rho=r, g=9.81, speed=0.0)
-    q0 = r * jnp.stack([jnp.cos(theta0), jnp.sin(theta0)])
-    sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, jnp.zeros(2), t1=1.0,
-                         dt=4e-2, saveat=cdiff.SaveAt(t1=True))
-    return {"angle": jnp.arctan2(sol.q[-1, 1], sol.q[-1, 0]), "q": sol.q[-1]}
+KEY = "ParticleOnCircle, UK, t1=0.5, dt=5e-2"
 
 
 def _die_partway(checkpoint: Path):

@@ -232,17 +232,6 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
                                                        (zero, zero, zero))
         return end_step(t1, jax.tree.map(jnp.add, y, increment)), k_first, k_last
 
-    def hermite(t0, t1, y0, y1, k0, k1, t):
-        # diffrax's ThirdOrderHermitePolynomialInterpolation.from_k of RK4.
-        theta = (t - t0) / (t1 - t0)
-
-        def poly(y0, y1, k0, k1):
-            a = k0 + k1 + 2 * y0 - 2 * y1
-            c = -2 * k0 - k1 - 3 * y0 + 3 * y1
-            return ((a * theta + c) * theta + k0) * theta + y0
-
-        return jax.tree.map(poly, y0, y1, k0, k1)
-
     def body(carry, xs):
         y, result, last, taken = carry
         t0, t1, valid, save_index, index = xs
@@ -265,7 +254,11 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
             t = jnp.where(save_step == index, save_ts, t0)
             out["mask"] = (save_step == index) & keep
         if interpolate or traced_ts:
-            ys = jax.vmap(lambda t: hermite(t0, t1, y, y1, k_first, k_last, t))(t)
+            # diffrax's dense output of RK4 (ThirdOrderHermitePolynomialInterpolation
+            # .from_k: the first and last stage), between the states kept.
+            dense = ThirdOrderHermitePolynomialInterpolation(
+                t0=t0, t1=t1, y0=y, y1=y1, k0=k_first, k1=k_last)
+            ys = jax.vmap(dense.evaluate)(t)
             out["ts"] = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (t, ys))
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
         last = jax.tree.map(lambda a, b: jnp.where(running, a, b), (t1, y1), last)
