@@ -50,7 +50,10 @@ for matrices up to `UNROLL` (12) rows. Under `jax.vmap` every entry becomes one
 elementwise operation over the whole batch, which XLA fuses with the rest of the
 vector field; LAPACK (CPU) and cuSOLVER (GPU) would instead be called once per
 matrix of the batch, and for 5 x 5 matrices the call costs more than the
-arithmetic. Larger matrices go to `jax.numpy.linalg`.
+arithmetic. Larger matrices go to `jax.numpy.linalg`, and their products
+([`gram`][], [`matvec`][]) to `dot` (BLAS): written as products and sums, the
+Gram matrix of the N four-bar's 81 constraints cost 3 times a `dot`, and
+Udwadia-Kalaba ran 3.6 times slower (`benchmarks/mid_size.py`).
 
 **Products, not chained substitutions.** XLA's CPU compiler fuses a substitution
 with several right-hand sides (or two substitutions in a row) into one loop that
@@ -85,16 +88,24 @@ from jaxtyping import Array, Float
 #: Matrices with at most this many rows are factorised and solved unrolled.
 UNROLL = 12
 
+#: Larger products go to `dot` (BLAS), not products and sums; False only to measure
+#: the difference (benchmarks/mid_size.py).
+_DOT_ABOVE_UNROLL = True
+
 
 def gram(C: Float[Array, "k n"]) -> Float[Array, "k k"]:
     """`C C^T` as a product and a sum, which XLA fuses with its neighbours: a batched
     `dot` of small matrices costs a library call per matrix on CPU (measured 1.5x
-    slower on R2 under `vmap`)."""
+    slower on R2 under `vmap`). Above `UNROLL` rows, a `dot`."""
+    if C.shape[0] > UNROLL and _DOT_ABOVE_UNROLL:
+        return C @ C.T
     return jnp.sum(C[:, None, :] * C[None, :, :], axis=-1)
 
 
 def matvec(A: Float[Array, "k n"], x: Float[Array, " n"]) -> Float[Array, " k"]:
     """`A x` as a product and a sum (see [`gram`][])."""
+    if A.shape[0] > UNROLL and _DOT_ABOVE_UNROLL:
+        return A @ x
     return jnp.sum(A * x, axis=-1)
 
 
