@@ -12,6 +12,8 @@ from ._library import acceptance as acceptance
 from ._library import mjcf_path as mjcf_path
 from ._mujoco import MuJoCoModel as MuJoCoModel
 from ._mujoco import from_mujoco as from_mujoco
+from ._n_four_bar import NFourBar as NFourBar
+from ._pendulum_chain import PendulumChain as PendulumChain
 from ._particle_on_circle import ParticleOnCircle as ParticleOnCircle
 from ._planar_arm_on_curve import PlanarArmOnCurve as PlanarArmOnCurve
 from ._reference import MinimalODE as MinimalODE
