@@ -43,8 +43,9 @@ from ._solver.projected import Projected as Projected
 from ._solver.rk4 import RK4 as RK4
 from ._xla import compiler_options as compiler_options
 
-#: The former name of `cdiff.RESULTS` (when only cdiff.BDF had codes of its own).
 DAEResults = RESULTS
+"""The former name of [`cdiff.RESULTS`][] (when only [`cdiff.BDF`][] had codes of its
+own)."""
 
 try:
     __version__ = importlib.metadata.version("cdiff")

@@ -28,7 +28,7 @@ class Lagrange(AbstractFormulation):
     Sarkar's eq. 17 applied one level up). The KKT system
     $\begin{bmatrix} M & A_v^T \\ A_v & 0\end{bmatrix}$ is solved by its Schur
     complement $A_v M^{-1} A_v^T\lambda = r$ through the Cholesky factor of $M$ and
-    cdiff's smooth pseudoinverse ([`cdiff._linalg`][]), so redundant or
+    cdiff's smooth pseudoinverse (`cdiff/_linalg.py`), so redundant or
     rank-deficient constraints give the minimum-norm multipliers rather than NaN.
 
     With `alpha = beta = 0` the position and velocity constraint errors drift

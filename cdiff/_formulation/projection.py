@@ -77,13 +77,13 @@ class Projection(AbstractFormulation):
     $$M_c\ddot q = P(Q + Eu) + C_c\dot q \qquad (22)$$
 
     with one of the three constraint inertia matrices of
-    [`cdiff._formulation.projection.constraint_inertia`][] (eqs. 23, 28, 29), all
+    `constraint_inertia` (eqs. 23, 28, 29; chosen by `inertia`), all
     invertible whatever the rank of $A$ (Theorem 2, Propositions 1-2). The
     constraint force (eq. 32, with cdiff's sign: $M\ddot q = Q + Eu + Q_c$) is
     $Q_c = (I - P)(M\ddot q - Q - Eu)$, and the multipliers are
     $\lambda = A^{+T}Q_c$, unique only when $A$ has full row rank (Remark 4).
 
-    The pseudoinverse is cdiff's smooth one ([`cdiff._linalg`][]): singular values
+    The pseudoinverse is cdiff's smooth one (`cdiff/_linalg.py`): singular values
     of $A$ below about `rtol` $\|A\|_F$ (or below $\sqrt{\text{damping}}$) are
     dropped, so at a kinematic singularity where *some* rows of $A$ lose rank $P$
     switches to the larger null space and the dynamics stay finite. A relative

@@ -469,7 +469,7 @@ class PassiveJoints(AbstractController):
 
     **Arguments:**
 
-    - `controller`: the motion controller (an [`AbstractController`][]; its
+    - `controller`: the motion controller (a [`cdiff.control.AbstractController`][]; its
       `model` is used).
     - `actuated`: boolean mask of the actuated coordinates, shape `(n,)`:
       $B = \mathrm{diag}(\text{actuated})$ (eq. 53). Default `None`: the actuator

@@ -24,7 +24,6 @@ from ._slider_crank_joint import SliderCrankJoint as SliderCrankJoint
 from ._snakeboard import Snakeboard as Snakeboard
 from ._two_link_on_circle import TwoLinkOnCircle as TwoLinkOnCircle
 
-#: Command-line names of the reference models.
 MODELS = {
     "particle-on-circle": ParticleOnCircle,
     "slider-crank": SliderCrank,
@@ -35,3 +34,5 @@ MODELS = {
     "snakeboard": Snakeboard,
     "planar-arm-on-curve": PlanarArmOnCurve,
 }
+"""Command-line names of the reference models (`cdiff run NAME`), mapped to their
+classes."""

@@ -18,8 +18,8 @@ from ._double_four_bar import DoubleFourBar
 from ._reference import Reference, _require_x64, solve_minimal
 from ._slider_crank import SliderCrank
 
-#: The folder of the shipped MJCF files.
 MJCF_DIR = Path(__file__).parent / "mjcf"
+"""The folder of the shipped MJCF files (`cdiff/models/mjcf/`)."""
 
 _G = 9.81
 
@@ -437,7 +437,6 @@ _IFTOMM = (
     "Cuadrado, Multibody Syst. Dyn. 16:179-190, 2006)"
 )
 
-#: The shipped mechanisms, by name.
 MJCF_LIBRARY: dict[str, MJCFMechanism] = {
     m.name: m
     for m in (
@@ -495,6 +494,9 @@ MJCF_LIBRARY: dict[str, MJCFMechanism] = {
         ),
     )
 }
+"""The shipped mechanisms, by name: [`cdiff.models.MJCFMechanism`][] entries whose
+file [`cdiff.models.mjcf_path`][] gives, run by `cdiff run NAME` and measured by
+[`cdiff.models.acceptance`][]."""
 
 
 def mjcf_path(name: str) -> Path:

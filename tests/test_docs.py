@@ -1,0 +1,119 @@
+"""The documentation site (mkdocs.yml, docs/): it builds with `--strict` (a broken
+cross-reference, link or anchor fails), every public name has an API entry, and no
+docstring or page names a file that is not in the repository."""
+
+import ast
+import json
+import os
+import re
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import cdiff  # imports cdiff.models, .studies, .control and .analysis
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = ROOT / "docs"
+PACKAGE = ROOT / "cdiff"
+
+# The namespaces whose public names must each have a `::: name` entry on an API page.
+NAMESPACES = (cdiff, cdiff.models, cdiff.studies, cdiff.control, cdiff.analysis)
+
+
+def test_mkdocs_build_strict(tmp_path):
+    """`mkdocs build --strict` succeeds; on failure, mkdocs's output says why."""
+    env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
+    command = [sys.executable, "-m", "mkdocs", "build", "--strict",
+               "--config-file", str(ROOT / "mkdocs.yml"),
+               "--site-dir", str(tmp_path / "site")]
+    run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+                         timeout=900)
+    output = run.stdout + run.stderr
+    assert run.returncode == 0, f"mkdocs build --strict failed:\n{output[-20000:]}"
+    for page in ("index.html", "choosing-a-formulation/index.html",
+                 "reference-mechanisms/index.html", "api/formulations/index.html",
+                 "notebooks/braun_goldfarb/index.html"):
+        assert (tmp_path / "site" / page).is_file(), page
+
+
+def _public_names(module: types.ModuleType) -> set[str]:
+    """`__all__` where the module has one, else every name without a leading
+    underscore that is not a module (the re-exports of its `__init__.py`)."""
+    names = getattr(module, "__all__", None)
+    if names is None:
+        names = [n for n, value in vars(module).items()
+                 if not n.startswith("_") and not isinstance(value, types.ModuleType)]
+    return {f"{module.__name__}.{n}" for n in names}
+
+
+def _api_entries() -> dict[str, str]:
+    entries = {}
+    for page in sorted((DOCS / "api").glob("*.md")):
+        for line in page.read_text(encoding="utf-8").splitlines():
+            if match := re.match(r"^:::\s+(\S+)\s*$", line):
+                entries[match.group(1)] = page.name
+    return entries
+
+
+def test_every_public_name_has_an_api_entry():
+    entries = _api_entries()
+    public = set()
+    for module in NAMESPACES:
+        public |= _public_names(module)
+    missing = sorted(public - set(entries))
+    assert not missing, f"public names without a `::: name` entry in docs/api/*.md: {missing}"
+    # And no entry names something that is not there (a renamed or removed object).
+    stale = sorted(e for e in entries if e not in public
+                   and e not in {m.__name__ for m in NAMESPACES})
+    assert not stale, f"API entries that are not public names: {stale}"
+
+
+# Files that are not in the repository (the project's specification lives outside
+# it): a page or a docstring must not send a reader to them.
+_OUTSIDE = re.compile(r"REFERENCE\.md|\bpapers/|\.\./shared|/work/|\bshared/[\w.-]+\.md")
+# A repository path named in a page or docstring must exist (generated outputs, such
+# as benchmarks/out/*.png or out/MODEL.npz, are not checked).
+_REPO_PATH = re.compile(
+    r"(?<![\w/.-])((?:benchmarks|tests|notebooks|cdiff|docs)/[\w./-]*\.(?:py|md|ipynb|xml|urdf))\b")
+
+
+def _docstrings(path: Path):
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        body = getattr(node, "body", None)
+        if not isinstance(body, list):
+            continue
+        for i, stmt in enumerate(body):
+            is_string = (isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)
+                         and isinstance(stmt.value.value, str))
+            # The docstring of a module, class or function, and attribute docstrings
+            # (a string right after an assignment).
+            if is_string and (i == 0 or isinstance(body[i - 1], (ast.Assign, ast.AnnAssign))):
+                yield stmt.lineno, stmt.value.value
+
+
+def _texts():
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for lineno, text in _docstrings(path):
+            yield f"{path.relative_to(ROOT)}:{lineno}", text
+    for path in sorted(DOCS.rglob("*.md")):
+        yield str(path.relative_to(ROOT)), path.read_text(encoding="utf-8")
+    for path in sorted(DOCS.rglob("*.ipynb")):  # the notebooks, rendered as pages
+        cells = json.loads(path.read_text(encoding="utf-8"))["cells"]
+        for i, cell in enumerate(cells):
+            if cell["cell_type"] == "markdown":
+                yield f"{path.relative_to(ROOT)} cell {i}", "".join(cell["source"])
+    yield "mkdocs.yml", (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+
+
+def test_no_page_or_docstring_names_a_file_outside_the_repository():
+    outside, absent = [], []
+    for where, text in _texts():
+        outside += [f"{where}: {m.group(0)!r}" for m in _OUTSIDE.finditer(text)]
+        # (Link targets and nav entries are relative to docs/.)
+        absent += [f"{where}: {m.group(1)!r}" for m in _REPO_PATH.finditer(text)
+                   if not (ROOT / m.group(1)).exists() and not (DOCS / m.group(1)).exists()]
+    assert not outside, "names a file outside the repository:\n" + "\n".join(outside)
+    assert not absent, "names a repository file that does not exist:\n" + "\n".join(absent)
+
