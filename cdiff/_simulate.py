@@ -356,9 +356,9 @@ def _check_size(n: int, saveat, state: int, rows: int, dtype) -> None:
         )
     if not _saves_steps(saveat):
         return
-    # Per saved row: the state, q and v again, the residuals and multipliers, the
-    # constraint force.
-    size = n * (3 * state + 3 * rows) * np.dtype(dtype).itemsize
+    # Per saved row: the state, q and v again with their rates, the residuals and
+    # multipliers, the constraint force.
+    size = n * (4 * state + 3 * rows) * np.dtype(dtype).itemsize
     if size > _MAX_SAVED_BYTES:
         raise ValueError(
             f"cdiff.simulate: saving all {n:,} steps would take about "

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from ._formulation.base import AbstractFormulation, Context
+from ._formulation.base import (AbstractFormulation, Context, applied_forces,
+                                mass_factor)
 from ._kinematics import kinematics
 from ._model import AbstractModel
 from ._results import RESULTS
@@ -29,6 +30,16 @@ class Solution(eqx.Module):
 
     - `ts`: saved times, shape `(T,)`.
     - `q`, `v`: coordinates and velocities, shapes `(T, nq)` and `(T, nv)`.
+    - `qdot`, `vdot`: their time derivatives, shapes `(T, nq)` and `(T, nv)`: the
+      coordinate rate ($T(q)v$, or the formulation's corrected velocity, e.g. eq. 16
+      of [`cdiff.UdwadiaKalaba`][]) and the acceleration $\dot v$ of the
+      formulation's vector field at each saved state (with the step's frozen data
+      of a step starting there), mapped to $(q, v)$ when the formulation's state is
+      not $(q, v)$ ([`cdiff.NullSpace`][]: the derivative of $v = S\nu + \eta$
+      along the flow). A DAE formulation ([`cdiff.GGL`][], [`cdiff.IndexOne`][])
+      has no explicit rate: there $\dot q = T(q)v$ and
+      $\dot v = M^{-1}(Q + Eu + Q_c)$ with the DAE's multipliers. Used by
+      [`cdiff.Solution.evaluate`][].
     - `holonomic_residual`: $\Phi_q(t, q)$, shape `(T, m)`.
     - `velocity_residual`: $[\dot\Phi_q; \Phi_v]$, shape `(T, m + p)`.
     - `energy`: $E(t, q, v)$, shape `(T,)`, or `None` if the model defines no energy.
@@ -58,6 +69,8 @@ class Solution(eqx.Module):
     ts: Float[Array, " T"]
     q: Float[Array, "T nq"]
     v: Float[Array, "T nv"]
+    qdot: Float[Array, "T nq"]
+    vdot: Float[Array, "T nv"]
     holonomic_residual: Float[Array, "T m"]
     velocity_residual: Float[Array, "T k"]
     energy: Float[Array, " T"] | None
@@ -106,6 +119,55 @@ class Solution(eqx.Module):
               else jnp.expand_dims(self.energy0, -1))
         return _finite_max(jnp.abs(self.energy - e0))
 
+    @property
+    def max_velocity_error(self) -> Float[Array, ""]:
+        r"""$\max_t \|[\dot\Phi_q; \Phi_v]\|_\infty$ (`velocity_residual`) over the
+        saved (finite) rows."""
+        return _finite_max(jnp.abs(self.velocity_residual))
+
+    def evaluate(self, t) -> tuple[Float[Array, "*t nq"], Float[Array, "*t nv"]]:
+        r"""Dense output: `(q, v)` at time(s) `t` between the saved rows, as
+        diffrax's `Solution.evaluate`.
+
+        On each interval $[t_i, t_{i+1}]$ between consecutive saved times, $q$ and
+        $v$ are the cubic Hermite polynomials through the two saved rows and their
+        derivatives `qdot`, `vdot`: fourth-order accurate in the interval's length
+        (the order of [`cdiff.RK4`][]), exact at the saved times, continuously
+        differentiable in `t`. Its error is set by the spacing of the saved
+        times, not by the solver's step: save every step (the default
+        `SaveAt(t0=True, steps=True)`) for RK4's accuracy between the steps. From
+        `SaveAt(t0=True, t1=True)` there is a single interval, and the cubic
+        through its two ends is only as good as that interval is short.
+
+        Works inside `jax.jit` and `jax.vmap`, and is differentiable with respect
+        to `t` and (through the solve) to anything the solution depends on. For a
+        batched solution (leading axes of `ts`), the same times are evaluated on
+        every trajectory.
+
+        **Arguments:**
+
+        - `t`: a time or an array of times, within the saved times
+          $[t_0, t_\text{last}]$ (the first and the last finite `ts`).
+
+        **Returns:** `(q, v)`, shapes `(*batch, *t.shape, nq)` and
+        `(*batch, *t.shape, nv)`.
+
+        **Raises:** an error (`eqx.error_if`, also inside `jit`) for a time outside
+        the saved times or not finite (no extrapolation), or a solution with fewer
+        than two distinct saved times.
+
+        !!! warning
+
+            Coordinates that hold unit quaternions (MuJoCo's ball and free
+            joints) are interpolated componentwise like any other: between the
+            saved rows they are unit only to the interpolation error (of order
+            $dt^4$); normalise them if you need exact rotations.
+        """
+        fn = _hermite
+        for _ in range(jnp.ndim(self.ts) - 1):
+            fn = jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, None))
+        return fn(self.ts, self.q, self.v, self.qdot, self.vdot, t)
+
     def animate(self, model: AbstractModel, path, **kwargs) -> Path:
         """Write a GIF or MP4 of the motion: `cdiff.animate(model, self, path,
         **kwargs)` (see [`cdiff.animate`][] for the arguments). Only outside `jit`.
@@ -115,6 +177,48 @@ class Solution(eqx.Module):
         from ._animate import animate  # lazily: matplotlib only when asked
 
         return animate(model, self, path, **kwargs)
+
+
+def _hermite(ts, q, v, qdot, vdot, t):
+    """`(q, v)` at times `t` by the cubic Hermite polynomial of each interval
+    between the saved times `ts` (unused rows `inf`, at the end)."""
+    t = jnp.asarray(t, ts.dtype)
+    first = ts[0]
+    last = jnp.max(jnp.where(jnp.isfinite(ts), ts, -jnp.inf))
+    t = eqx.error_if(
+        t, ~(last > first),
+        "cdiff.Solution.evaluate: the solution has fewer than two distinct saved "
+        "times; save the steps (SaveAt(t0=True, steps=True)) or t0 and t1.",
+    )
+    t = eqx.error_if(
+        t, ~((t >= first) & (t <= last)),
+        "cdiff.Solution.evaluate: t is outside the saved times [ts[0], last finite "
+        "ts] (or not finite); the solution is not extrapolated.",
+    )
+    flat = t.reshape(-1)
+    # The interval t_i < t <= t_{i+1}, or at the first saved time the interval
+    # that starts there: never one of zero length (a time saved twice, e.g. t1 by
+    # both `steps` and `t1`).
+    i = jnp.searchsorted(ts, flat, side="left") - 1
+    i = jnp.where(i >= 0, i, jnp.searchsorted(ts, flat, side="right") - 1)
+    i = jnp.clip(i, 0, ts.shape[0] - 2)
+    t0, t1 = ts[i], ts[i + 1]
+    h = t1 - t0
+    s = ((flat - t0) / h)[:, None]
+    h = h[:, None]
+    s2 = s * s
+    s3 = s2 * s
+    # The cubic Hermite basis on [0, 1].
+    h00 = 2 * s3 - 3 * s2 + 1
+    h10 = s3 - 2 * s2 + s
+    h01 = 3 * s2 - 2 * s3
+    h11 = s3 - s2
+
+    def cubic(y, dy):
+        return h00 * y[i] + h01 * y[i + 1] + h * (h10 * dy[i] + h11 * dy[i + 1])
+
+    q_t, v_t = cubic(q, qdot), cubic(v, vdot)
+    return (q_t.reshape(t.shape + q.shape[1:]), v_t.reshape(t.shape + v.shape[1:]))
 
 
 def _finite_max(x):
@@ -138,10 +242,28 @@ class Trajectory(eqx.Module):
 _DIAGNOSTICS_CHUNK = 4096
 
 
+def rates(formulation: AbstractFormulation, context: Context, t, y, dyn):
+    r"""`(qdot, vdot)`: the time derivative of `(q, v)` at the state `y`, whose
+    formulation's dynamics are `dyn`. The state's rate mapped through
+    `formulation.coordinates` (forward mode: the rate itself for a state `(q, v)`);
+    for a formulation without an explicit rate (a DAE), $\dot q = T(q)v$ and
+    $\dot v = M^{-1}(Q + Eu + Q_c)$ with its constraint force."""
+    if dyn.rate is None:
+        q, v = formulation.coordinates(t, y, context)
+        model = context.model
+        vdot = mass_factor(model, t, q).solve(applied_forces(context, t, q, v)
+                                              + dyn.force)
+        return model.position_rate(t, q, v), vdot
+    t = jnp.asarray(t)
+    _, (qdot, vdot) = jax.jvp(lambda t, y: formulation.coordinates(t, y, context),
+                              (t, y), (jnp.ones_like(t), dyn.rate))
+    return qdot, vdot
+
+
 def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
-    """Constraint residuals, energy, constraint force, multipliers and `(q, v)`
-    along saved states (the formulation's per-step data taken with step `dt` from
-    each state); rows of unused saves (inf) stay inf."""
+    """Constraint residuals, energy, constraint force, multipliers, `(q, v)` and
+    their rates (see `rates`) along saved states (the formulation's per-step data
+    taken with step `dt` from each state); rows of unused saves (inf) stay inf."""
     model = context.model
     valid = jnp.isfinite(ts)
 
@@ -151,7 +273,9 @@ def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
         e = model.energy(t, q, v)
         frozen = formulation.freeze(t, t + dt, y, context)
         dyn = formulation.dynamics(t, y, context, frozen)
-        return kin.phi_q, kin.velocity_residual, e, dyn.force, dyn.multipliers, q, v
+        qdot, vdot = rates(formulation, context, t, y, dyn)
+        return (kin.phi_q, kin.velocity_residual, e, dyn.force, dyn.multipliers, q, v,
+                qdot, vdot)
 
     safe_ys = jax.tree.map(
         lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
@@ -188,7 +312,8 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     and the divergence test (see `cdiff.simulate`), raised with `throw`.
     `state0` is the user's `(q0, v0)`, the scale of the test."""
     ts, ys, result = trajectory.ts, trajectory.ys, trajectory.result
-    hol, vel, energy, force, lam, q, v = diagnostics(formulation, context, dt, ts, ys)
+    hol, vel, energy, force, lam, q, v, qdot, vdot = diagnostics(
+        formulation, context, dt, ts, ys)
     if result._enumeration is not RESULTS:
         result = RESULTS.promote(result)
     stats = dict(trajectory.stats)
@@ -204,8 +329,8 @@ def build_solution(formulation: AbstractFormulation, context: Context,
                            RESULTS.diverged, result)
     if throw:
         ts = result.error_if(ts, result == RESULTS.diverged)
-    return Solution(ts, q, v, hol, vel, energy, force, lam, ys, result, dt_taken,
-                    stats, None if energy is None else context.e0)
+    return Solution(ts, q, v, qdot, vdot, hol, vel, energy, force, lam, ys, result,
+                    dt_taken, stats, None if energy is None else context.e0)
 
 
 def stack_saved(t0=None, ts=None, steps=None, t1=None):
