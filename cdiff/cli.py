@@ -20,6 +20,15 @@ run instead of an energy error, and refuses `--energy-correction`; errors that d
 not apply (no holonomic constraints, no energy, no reference) print as `n/a` and
 are `null` in the summary saved in the npz (`settings`).
 
+As each phase starts (set-up, compilation, the run, the reference solution,
+plotting, writing) `cdiff run` says so on stderr, with the seconds since the
+command started; its table's wall time is the whole command, phase by phase. The
+figure has one quantity with one unit per panel: the observables against their
+reference (over a long run, the first and the last few periods side by side),
+the observable error per unit, the position-level and the velocity-level
+constraint residuals, and the energy error; over a long run the log panels show
+the maximum over each of 400 bins of the run.
+
 User errors (unknown names, bad numbers, options that do not go together, an
 `--out` that is a file or cannot be written) print `cdiff: error: ...` and exit
 with status 2, before any work. A solve that fails (it diverges, or stops early)
@@ -30,12 +39,15 @@ rows before the failure; nothing if there are none) and exits with status 1.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import functools
 import inspect
 import json
 import math
 import os
+import shutil
 import sys
+import textwrap
 import time
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -46,7 +58,8 @@ import jax.numpy as jnp
 import numpy as np
 
 import cdiff
-from cdiff import _cli_study
+from cdiff import _cli_study, _run_figure
+from cdiff import _plain_text as _text
 from cdiff._animate import check_target as check_animation_target
 from cdiff._model import check_model
 from cdiff._model import has_energy as model_has_energy
@@ -76,10 +89,69 @@ PROJECTIONS = {
 }
 
 
-def _summary(obj) -> str:
-    """The first paragraph of `obj`'s docstring, on one line."""
-    doc = inspect.getdoc(obj) or ""
-    return " ".join(doc.split("\n\n")[0].split())
+def _option_notes(obj, siblings) -> list[str]:
+    """What tells `obj` apart from `siblings` (instances of its class listed under
+    other names): for each field whose value differs, the text of its docstring
+    on that value (a list item or sentence naming `field=value`), else on the
+    argument (a list item naming `field`), else the value itself."""
+    doc = inspect.getdoc(type(obj)) or ""
+    notes = []
+    for field in dataclasses.fields(obj):
+        value = getattr(obj, field.name)
+        if all(_same(value, getattr(s, field.name)) for s in siblings):
+            continue
+        shown = (f'{field.name}="{value}"' if isinstance(value, str)
+                 else f"{field.name}={value!r}")
+        notes.append(_value_note(doc, field, value, shown))
+    return notes
+
+
+def _same(a, b) -> bool:
+    try:
+        return bool(a == b)
+    except Exception:  # arrays: not an option of a listed entry
+        return a is b
+
+
+def _value_note(doc: str, field, value, shown: str) -> str:
+    """The docstring's words on `shown` (`field=value`), in plain text."""
+    # A list item that starts with the value: "- `variant="mass"` (eqs. ...): ..."
+    for item in _text.list_items(doc):
+        if item.startswith(f"`{shown}`"):
+            return _text.plain(item)
+    # A sentence that names it: "With `mass_weighted=True` both corrections ..."
+    for block in doc.split("\n\n"):
+        k = block.find(f"`{shown}`")
+        if k >= 0:
+            start = max(block.rfind(". ", 0, k) + 2, 0) if ". " in block[:k] else 0
+            return _text.plain(block[start:][:_text.sentence_end(block[start:])])
+    if field.default is not dataclasses.MISSING and _same(value, field.default):
+        return f"{shown} (the default)"
+    for item in _text.list_items(doc):  # the argument's item: "- `partition`: ..."
+        if item.startswith(f"`{field.name}`:"):
+            body = item[len(field.name) + 3:].strip()
+            body = _text.plain(body[:_text.sentence_end(body)]).rstrip(".")
+            return f"{shown} ({field.name}: {body})"
+    return shown
+
+
+def _listed(entries: dict) -> list[tuple[str, str, Any]]:
+    """`(name, description, obj)` for `{name: instance}`: the summary of the
+    class, and for a class listed under several names, what tells each apart (the
+    later ones as "as FIRST, with ...")."""
+    rows, first = [], {}
+    for name, obj in entries.items():
+        siblings = [o for n, o in entries.items()
+                    if n != name and type(o) is type(obj)]
+        notes = _option_notes(obj, siblings) if siblings else []
+        if type(obj) in first:
+            text = f"As {first[type(obj)]}, except: " + " ".join(
+                note if note.endswith(".") else note + "." for note in notes)
+        else:
+            first[type(obj)] = name
+            text = " ".join([_text.summary(type(obj)), *notes])
+        rows.append((name, text if text.endswith(".") else text + ".", obj))
+    return rows
 
 
 def _number(*, positive: bool):
@@ -242,23 +314,51 @@ def _formulation(args, parser):
 
 
 def _list() -> int:
+    """`cdiff list`: every model, shipped MJCF mechanism, formulation and
+    projection, with a plain-text description wrapped to the terminal."""
+    width = max(60, shutil.get_terminal_size((100, 24)).columns - 1)
     print("models:")
     for name, cls in MODELS.items():
-        print(f"  {name:<20} {_summary(cls)}")
-        print(f"  {'':<20} default --t1 {cls.default_t1:g} --dt {cls.default_dt:g}")
+        _item(name, _text.summary(cls), width,
+              f"default --t1 {cls.default_t1:g} --dt {cls.default_dt:g}")
     print("MJCF mechanisms (cdiff/models/mjcf/; or run any MJCF or URDF file by path):")
     for name, entry in MJCF_LIBRARY.items():
-        print(f"  {name:<20} {entry.source}")
-        print(f"  {'':<20} reference: {entry.reference_kind}; default --t1 "
-              f"{entry.t1:g} --dt {entry.dt:g}")
+        _item(name, _text.plain(entry.source), width,
+              f"reference: {entry.reference_kind}; default --t1 {entry.t1:g} "
+              f"--dt {entry.dt:g}")
     print("formulations (DAEs, integrated by cdiff.BDF: "
           + ", ".join(DAE_FORMULATIONS) + "):")
-    for name, cls in FORMULATIONS.items():
-        print(f"  {name:<20} {_summary(cls)}")
-    print("projections (--projection):")
-    for name, projection in PROJECTIONS.items():
-        print(f"  {name:<20} {projection}")
+    parser = _parser()
+    built = {name: _formulation(parser.parse_args(["run", "-", "--formulation",
+                                                   name]), parser)
+             for name in FORMULATIONS}
+    for name, text, obj in _listed(built):
+        _item(name, text, width, f"cdiff.{obj!r}")
+    print("projections (--projection; RK4 wrapped by cdiff.Projected):")
+    for name, text, obj in _listed(PROJECTIONS):
+        _item(name, text, width, f"cdiff.{obj!r}")
     return 0
+
+
+#: The width of the name column of `cdiff list`.
+_NAME_WIDTH = 22
+
+
+def _item(name: str, text: str, width: int, detail: str) -> None:
+    """One entry of `cdiff list`: the name, then `text` and `detail` wrapped in
+    the column after it (from the next line if the name is too long)."""
+    indent = " " * (_NAME_WIDTH + 2)
+    wrap = functools.partial(textwrap.wrap, width=width - len(indent),
+                             break_on_hyphens=False)
+    lines = wrap(text) or [""]
+    lines += wrap(detail)
+    head = f"  {name:<{_NAME_WIDTH}}"
+    if len(name) >= _NAME_WIDTH:
+        print(f"  {name}")
+        head = indent
+    print(head + lines[0])
+    for line in lines[1:]:
+        print(indent + line)
 
 
 class _Case(NamedTuple):
@@ -281,12 +381,28 @@ def _mujoco_case(name: str, path: Path, entry) -> _Case:
     its first keyframe or `qpos0`, projected onto the constraints."""
     model = cdiff.models.from_mujoco(path)
     q0, v0 = cdiff.consistent_state(model, *model.initial_state())
-    names = tuple(f"qpos[{i}]" for i in range(q0.shape[0]))
+    names = _qpos_names(model, q0.shape[0])
     if entry is None:
-        return _Case(name, model, q0, v0, 10.0, 1e-3, None, None, ())
+        return _Case(name, model, q0, v0, 10.0, 1e-3, None, None, names)
     reference = entry.reference
     return _Case(name, model, q0, v0, entry.t1, entry.dt, reference,
                  None if reference is None else (lambda q: q), names)
+
+
+#: The units of the qpos entries of MuJoCo's joint types (free, ball, slide,
+#: hinge): positions in metres, angles in radians, quaternions without unit.
+_JOINT_UNITS = {0: ("m",) * 3 + ("-",) * 4, 1: ("-",) * 4, 2: ("m",), 3: ("rad",)}
+
+
+def _qpos_names(model, nq: int) -> tuple[str, ...]:
+    """`qpos[i] [unit]` for each coordinate of a MuJoCo model, the unit from its
+    joint's type (no unit where it is not known)."""
+    units: dict[int, str] = {}
+    for joint in getattr(model, "joints", ()):
+        for k, unit in enumerate(_JOINT_UNITS.get(int(joint.type), ())):
+            units[joint.qposadr + k] = unit
+    return tuple(f"qpos[{i}]" + (f" [{units[i]}]" if i in units else "")
+                 for i in range(nq))
 
 
 def _case(args, parser) -> _Case:
@@ -316,8 +432,54 @@ def _case(args, parser) -> _Case:
     )
 
 
-def _run(args, parser) -> int:
-    """`cdiff run`: simulate, compare with the reference, report, write files."""
+class _Phases:
+    """The phases of `cdiff run`: `start` says on stderr what begins (with the
+    time since the command started) and ends the phase before; `times` holds the
+    seconds of each."""
+
+    def __init__(self, before: float = 0.0):
+        self.started = time.perf_counter()
+        self.before = before  # seconds before `main` (Python and JAX start-up)
+        self.times: dict[str, float] = {}
+        self._current: tuple[str, float] | None = None
+
+    def start(self, key: str, message: str) -> None:
+        now = self.stop()
+        self._current = (key, now)
+        print(f"[{self.before + now - self.started:6.1f} s] {message} ...",
+              file=sys.stderr, flush=True)
+
+    def stop(self) -> float:
+        now = time.perf_counter()
+        if self._current is not None:
+            key, then = self._current
+            self.times[key] = self.times.get(key, 0.0) + now - then
+            self._current = None
+        return now
+
+    def total(self) -> float:
+        return self.before + time.perf_counter() - self.started
+
+
+def _startup_time() -> float:
+    """Seconds from the start of this process until now (Linux's /proc; 0 where it
+    cannot be read): the Python and JAX start-up before `main` runs."""
+    try:
+        with open("/proc/self/stat") as f:
+            started = float(f.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/uptime") as f:
+            uptime = float(f.read().split()[0])
+        return max(0.0, uptime - started / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError, AttributeError):
+        return 0.0
+
+
+def _run(args, parser, phases: _Phases | None = None) -> int:
+    """`cdiff run`: simulate, compare with the reference, report, write files;
+    says on stderr what it is doing as each phase starts."""
+    phases = _Phases() if phases is None else phases
+    phases.start("set-up", f"setting up {args.model}: building the model and "
+                 "checking it at its initial state")
     case = _case(args, parser)
     model = case.model
     animation_path = _animation_path(args, parser, model, case.name)
@@ -368,13 +530,19 @@ def _run(args, parser) -> int:
         functools.partial(cdiff.simulate, t0=t0, t1=t1, dt=dt, progress=progress,
                           throw=False, solver=solver)
     )
-    start = time.perf_counter()
+    method = (f"BDF, rtol {solver.rtol:g}, atol {solver.atol:g}" if dae
+              else f"{'RK4' if solver is None else solver}, dt {dt:g} s")
+    phases.start("compile", f"compiling the solve ({args.formulation}, {method}; "
+                 "JAX compiles once per run)")
     compiled = simulate.lower(model, formulation, q0, v0).compile(
         cdiff.compiler_options())
-    compiled_at = time.perf_counter()
+    phases.start("run", f"running from t = {t0:g} to {t1:g} s" + (
+        " (adaptive steps)" if dae else
+        f" ({math.ceil((t1 - t0) / dt - 1e-9):,} steps)"))
     sol = jax.block_until_ready(compiled(model, formulation, q0, v0))
-    run_time = time.perf_counter() - compiled_at
-    compile_time = compiled_at - start
+    phases.stop()
+    run_time = phases.times["run"]
+    compile_time = phases.times["compile"]
 
     # The meaningful rows: saved (a solve that stops early leaves trailing inf
     # rows), finite, and before the divergence of a solve that blew up (those rows
@@ -390,6 +558,8 @@ def _run(args, parser) -> int:
              & np.all(np.isfinite(np.asarray(sol.v)), axis=-1))
     ts = ts_all[valid]
     if ts.size and case.reference is not None:
+        phases.start("reference", f"computing the reference solution at the "
+                     f"{ts.size:,} saved times")
         ref = case.reference(ts)
         obs = np.asarray(case.observable(sol.q[valid]), np.float64)
         ref_obs = np.asarray(case.observable(ref.q), np.float64)
@@ -397,6 +567,7 @@ def _run(args, parser) -> int:
         names = case.observable_names or tuple(
             f"observable {i}" for i in range(obs.shape[-1])
         )
+        phases.stop()
     else:
         ref = obs = ref_obs = obs_error = None
         names = ()
@@ -455,18 +626,10 @@ def _run(args, parser) -> int:
         ("max velocity constraint error", velocity_row),
         (energy_key, energy_row),
         ("max observable error", obs_row),
-        (
-            "wall time",
-            f"{compile_time + run_time:.2f} s "
-            f"(compile {compile_time:.2f} s, run {run_time:.2f} s)",
-        ),
         ("steps/s", f"{steps / run_time:,.0f}  (run only)"),
     ]
     if sol.message:
         rows.insert(8, ("result", "diverged" if diverged else "stopped early"))
-    width = max(len(k) for k, _ in rows)
-    for key, value in rows:
-        print(f"{key:<{width}}  {value}")
 
     settings = {
         "model": case.name,
@@ -488,6 +651,7 @@ def _run(args, parser) -> int:
         "steps": steps,
         "compile_time_s": compile_time,
         "run_time_s": run_time,
+        "reference_time_s": phases.times.get("reference"),
         "result": sol.message,
         "t_diverged": t_diverged if diverged else None,
         "conservative": conservative,
@@ -497,28 +661,44 @@ def _run(args, parser) -> int:
         "observable_names": list(names),
         "cdiff_version": cdiff.__version__,
     }
-    data["settings"] = np.asarray(json.dumps(settings))
-
     npz_path = args.out / f"{case.name}.npz"
     png_path = args.out / f"{case.name}.png"
+    written = []
     if ts.size:
-        np.savez(npz_path, **data)
+        phases.start("plotting", f"plotting {png_path}")
         step = f"BDF rtol={solver.rtol:g}" if dae else f"dt={dt_taken:g}"
         title = f"{case.name}, {formulation}, {step}"
         if diverged:
             title += f" (diverged at t = {t_diverged:g} s)"
+        data["settings"] = np.asarray(json.dumps(settings))
         with np.errstate(all="ignore"):
-            _plot(png_path, data, names, title)
-        print(f"wrote {png_path}")
-        print(f"wrote {npz_path}")
+            _run_figure.plot(png_path, data, names, title,
+                  coordinate_names=case.observable_names)
+        written.append(png_path)
+        phases.start("writing", f"writing {npz_path}")
+        settings["plot_time_s"] = phases.times["plotting"]
+        settings["wall_time_s"] = phases.total()  # (up to this write)
+        data["settings"] = np.asarray(json.dumps(settings))
+        np.savez(npz_path, **data)
+        written.append(npz_path)
         if animation_path is not None:
+            phases.start("animation", f"animating the motion into {animation_path}")
             # The meaningful rows only (a diverged run's last rows are huge):
             # animate skips rows whose time is not finite.
             title = f"{case.name}, {args.formulation}"
             motion = eqx.tree_at(lambda s: s.ts, sol,
                                  jnp.where(jnp.asarray(valid), sol.ts, jnp.inf))
-            print(f"wrote {cdiff.animate(model, motion, animation_path, title=title)}")
-    else:
+            written.append(cdiff.animate(model, motion, animation_path, title=title))
+    phases.stop()
+    total, breakdown = _wall_time(phases)
+    rows[-1:-1] = [("wall time", total)] + [
+        ("", line) for line in textwrap.wrap(breakdown, 64)]
+    width = max(len(k) for k, _ in rows)
+    for key, value in rows:
+        print(f"{key:<{width}}  {value}")
+    for path in written:
+        print(f"wrote {path}")
+    if not ts.size:
         print("wrote nothing: no saved state before the failure")
     if sol.message:
         if diverged:
@@ -531,6 +711,18 @@ def _run(args, parser) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _wall_time(phases: _Phases) -> tuple[str, str]:
+    """The table's wall time: the whole command, and each phase."""
+    names = {"start-up": "start-up (Python, JAX imports)"}
+    times = ({"start-up": phases.before} if phases.before else {}) | phases.times
+    total = phases.total()
+    # (The rest: parsing, the errors and the table; a few milliseconds.)
+    times["other"] = max(0.0, total - sum(times.values()))
+    parts = [f"{names.get(key, key)} {seconds:.2f} s"
+             for key, seconds in times.items()]
+    return f"{total:.2f} s, the whole command:", ", ".join(parts)
 
 
 def _value(x, unit: str, missing: str) -> str:
@@ -613,68 +805,6 @@ def _names_summary(names: tuple[str, ...], most: int = 4) -> str:
     return ", ".join(names[:most]) + f" and {len(names) - most} more"
 
 
-#: The most observables `_plot` draws (the error panel covers all of them).
-_PLOTTED = 4
-
-
-def _plot(path: Path, data: dict, names: tuple[str, ...], title: str) -> None:
-    """Observable with reference (without a reference: the coordinates), constraint
-    residuals, energy error and observable error against time, stacked, in one PNG
-    (Agg canvas; pyplot is not touched). Non-finite values are left out (gaps)."""
-    from matplotlib.figure import Figure
-
-    data = {k: _finite(v) for k, v in data.items() if k != "settings"}
-    ts = data["ts"]
-    has_reference = "observable" in data
-    panels = 2 + ("energy" in data) + has_reference
-    fig = Figure(figsize=(8, 2.3 * panels), layout="constrained")
-    axes = fig.subplots(panels, 1, sharex=True)
-    fig.suptitle(title, fontsize=9)
-    ax = axes[0]
-    if has_reference:
-        for i, name in enumerate(names[:_PLOTTED]):
-            ax.plot(ts, data["observable"][:, i], label=name)
-            ax.plot(ts, data["reference_observable"][:, i], "k--", lw=0.8,
-                    label=f"{name}, reference")
-        if len(names) > _PLOTTED:
-            ax.set_title(f"the first {_PLOTTED} of {len(names)} observables "
-                         "(errors below: all)", fontsize=8)
-    else:
-        for i in range(min(_PLOTTED, data["q"].shape[1])):
-            ax.plot(ts, data["q"][:, i], label=f"qpos[{i}]")
-        ax.set_ylabel("coordinates")
-    ax.legend(fontsize=8)
-    ax = axes[1]
-    for key, label in [("holonomic_residual", r"$\max_i |\Phi_q|$"),
-                       ("velocity_residual", r"$\max_i |[\dot\Phi_q; \Phi_v]|$")]:
-        if data[key].shape[-1]:
-            ax.semilogy(ts, np.max(np.abs(data[key]), axis=-1), label=label)
-    ax.set_ylabel("constraint residual")
-    if ax.lines:
-        ax.legend(fontsize=8)
-    else:
-        ax.text(0.5, 0.5, "no constraints", transform=ax.transAxes, ha="center")
-    if "energy" in data:
-        axes[2].semilogy(ts, np.abs(data["energy"] - data["energy"][0]))
-        axes[2].set_ylabel(r"$|E - E_0|$ (J)")
-    if has_reference:
-        axes[-1].semilogy(ts, data["observable_error"])
-        axes[-1].set_ylabel("observable error")
-    axes[-1].set_xlabel("t (s)")
-    fig.savefig(path, dpi=110)
-
-
-def _finite(x: np.ndarray) -> np.ndarray:
-    """`x` with its non-finite values, and those too large for a log axis, NaN
-    (matplotlib leaves NaN out; inf, or a huge value, breaks its tick
-    locators)."""
-    x = np.asarray(x)
-    if x.dtype.kind != "f":
-        return x
-    with np.errstate(invalid="ignore"):
-        return np.where(np.isfinite(x) & (np.abs(x) < 1e150), x, np.nan)
-
-
 def main(argv: list[str] | None = None) -> int:
     """Run the `cdiff` command line with `argv` (default `sys.argv[1:]`).
 
@@ -685,6 +815,9 @@ def main(argv: list[str] | None = None) -> int:
     that do not go together, an `--out` that is a file or cannot be written),
     before any work, after printing `cdiff: error: ...` to stderr.
     """
+    # (The console script's process started before `main`: its Python and JAX
+    # start-up counts in the wall time of `cdiff run`.)
+    phases = _Phases(_startup_time() if argv is None else 0.0)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "list":
@@ -696,7 +829,7 @@ def main(argv: list[str] | None = None) -> int:
             _cli_study.check(args, args.parser)
             _check_out(args.parser, "--out", args.out, _cli_study.outputs(args))
             return _cli_study.run(args)
-        return _run(args, args.parser)
+        return _run(args, args.parser, phases)
     except ValueError as e:
         print(f"cdiff: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 import cdiff
-from cdiff import cli
+from cdiff import _plain_text, _run_figure, cli
 
 def _table_value(out: str, key: str) -> float:
     match = re.search(rf"^{key}\s+(\S+)", out, re.MULTILINE)
@@ -25,27 +25,156 @@ def _exit_code(argv, capsys) -> tuple[int, str]:
     return info.value.code, capsys.readouterr().err
 
 
+def _list_entries(out: str) -> dict[str, str]:
+    """`cdiff list`'s entries: name -> its description (the wrapped lines
+    joined; the last line, the defaults or the Python constructor, left out)."""
+    entries: dict[str, list[str]] = {}
+    name = None
+    for line in out.splitlines():
+        if not line.startswith("  "):
+            name = None
+        elif line[2] != " ":
+            name, _, text = line[2:].partition(" ")
+            entries[name] = [text.strip()] if text.strip() else []
+        elif name is not None:
+            entries[name].append(line.strip())
+    return {k: " ".join(v[:-1]) for k, v in entries.items()}
+
+
 def test_list(capsys):
     assert cli.main(["list"]) == 0
     out = capsys.readouterr().out
     for name in [*cdiff.models.MODELS, *cli.FORMULATIONS, *cli.PROJECTIONS]:
         assert name in out
     assert "Braun & Goldfarb" in out
+    # Plain text: no LaTeX, no Markdown code or cross-references.
+    assert "$" not in out and "`" not in out and "][" not in out
+    assert not re.search(r"\\[A-Za-z]", out), re.search(r".*\\[A-Za-z].*", out)
+    entries = _list_entries(out)
+    assert set(entries) == {*cdiff.models.MODELS, *cdiff.models.MJCF_LIBRARY,
+                            *cli.FORMULATIONS, *cli.PROJECTIONS}
+    assert "I = 2/5 mr²" in entries["rolling-sphere"]
+    # Names that build the same class are told apart.
+    for a, b in [("ggl", "ggl-no-inverse"), ("newton", "newton-weighted"),
+                 ("gradient", "gradient-second")]:
+        assert entries[a] != entries[b]
+    assert 'variant="no_inverse"' in entries["ggl-no-inverse"]
+    # Whole sentences: no description ends mid-sentence (index-one's used to
+    # stop at the colon before its equations).
+    for name in [*cdiff.models.MODELS, *cli.FORMULATIONS, *cli.PROJECTIONS]:
+        assert entries[name].endswith("."), (name, entries[name])
+    assert entries["index-one"].endswith("the acceleration-level constraints.")
+
+
+@pytest.mark.parametrize("tex, text", [
+    (r"I = \tfrac25 mr^2", "I = 2/5 mr²"),
+    (r"\frac{a+b}{2}", "(a+b)/2"),
+    (r"\dot q = M^{-1}(Q + G^T\mu)", "q\u0307 = M⁻¹(Q + Gᵀμ)"),
+    (r"A_v\ddot q = b_v", "A_v q\u0308 = b_v"),
+    (r"\sqrt{\text{damping}} \lesssim \|A\|_F", "√damping ≲ ‖A‖_F"),
+    (r"\unknowncommand x", "unknowncommand x"),
+])
+def test_tex_to_plain_text(tex, text):
+    assert _plain_text.from_tex(tex) == text
 
 
 @pytest.fixture(scope="module")
 def short_run(tmp_path_factory):
-    """One short default run (udwadia-kalaba, float64), shared by the tests below."""
+    """One short default run (udwadia-kalaba, float64), shared by the tests below:
+    its exit status, stdout, output folder and stderr."""
     out = tmp_path_factory.mktemp("out")
-    capture = io.StringIO()
-    with contextlib.redirect_stdout(capture):
+    capture, errors = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(capture), contextlib.redirect_stderr(errors):
         code = cli.main(["run", "slider-crank", "--t1", "0.5", "--dt", "0.01",
-                         "--out", str(out)])
-    return code, capture.getvalue(), out
+                         "--out", str(out), "--no-progress"])
+    return code, capture.getvalue(), out, errors.getvalue()
+
+
+def test_run_says_what_it_does_and_times_the_whole_command(short_run):
+    _, out, folder, err = short_run
+    # One line on stderr as each phase starts, in order, with the time so far.
+    starts = ["setting up slider-crank", "compiling the solve", "running from t = 0 "
+              "to 0.5 s (50 steps)", "computing the reference solution",
+              f"plotting {folder / 'slider-crank.png'}",
+              f"writing {folder / 'slider-crank.npz'}"]
+    lines = err.splitlines()
+    assert len(lines) == len(starts), err
+    seconds = []
+    for line, start in zip(lines, starts):
+        match = re.fullmatch(r"\[\s*(\S+) s\] (.*) \.\.\.", line)
+        assert match and match.group(2).startswith(start), (line, start)
+        seconds.append(float(match.group(1)))
+    assert seconds == sorted(seconds)
+    # The wall time: the whole command, with each phase.
+    total = _table_value(out, "wall time")
+    table = out[out.index("wall time"):]
+    parts = {k: float(v) for k, v in re.findall(r"([a-z-]+) (\d+\.\d+) s", table)}
+    assert {"set-up", "compile", "run", "reference", "plotting", "writing"} <= set(
+        parts)
+    assert sum(parts.values()) == pytest.approx(total, abs=0.05)
+    assert total >= seconds[-1] - 0.05
+    with np.load(folder / "slider-crank.npz") as data:
+        settings = json.loads(str(data["settings"]))
+    assert settings["reference_time_s"] == pytest.approx(parts["reference"],
+                                                         abs=0.01)
+    assert settings["plot_time_s"] == pytest.approx(parts["plotting"], abs=0.01)
+
+
+def test_run_figure_panels(short_run):
+    # One quantity with one unit per panel, named by the axes' gid.
+    _, _, folder, _ = short_run
+    with np.load(folder / "slider-crank.npz") as data:
+        fig = _run_figure.figure(dict(data), ("slider x_s [m]",), "title")
+    panels = [ax.get_gid() for ax in fig.axes]
+    assert panels == ["observable[m]", "error[m]", "position residual",
+                      "velocity residual", "energy"]
+    labels = [ax.get_ylabel() for ax in fig.axes]
+    assert "[m]" in labels[0] and "[m]" in labels[1] and "[J]" in labels[-1]
+    assert "Phi_q" in labels[2] and "dot" in labels[3] and "/ s" in labels[3]
+    assert all(ax.get_yscale() == "log" for ax in fig.axes[1:])
+    # A short run: every saved row, no windows, no envelope.
+    assert len(fig.axes[0].lines[1].get_xdata()) == 51
+    assert fig.axes[1].get_title(loc="right") == ""
+
+
+def test_figure_of_a_long_run_windows_and_envelopes(tmp_path):
+    # 200 periods of two observables in metres and one in radians, with a
+    # reference drifting away; no constraints; an energy exactly conserved.
+    ts = np.linspace(0.0, 200.0, 4001)
+    ref = np.stack([np.sin(2 * np.pi * ts), np.cos(2 * np.pi * ts), ts], axis=1)
+    obs = ref + 1e-6 * ts[:, None]
+    data = {"ts": ts, "q": obs, "observable": obs, "reference_observable": ref,
+            "observable_error": np.max(np.abs(obs - ref), axis=1),
+            "holonomic_residual": np.zeros((ts.size, 0)),
+            "velocity_residual": np.zeros((ts.size, 0)),
+            "energy": np.full(ts.size, 3.0)}
+    fig = _run_figure.figure(data, ("x [m]", "y [m]", "phi [rad]"), "long run")
+    axes = {ax.get_gid(): ax for ax in fig.axes}
+    assert list(axes) == ["observable[m]:first", "observable[m]:last",
+                          "observable[rad]:first", "observable[rad]:last",
+                          "error[m]", "error[rad]", "no constraints", "energy"]
+    # The windows: the first and the last three periods.
+    first, last = axes["observable[m]:first"], axes["observable[m]:last"]
+    assert first.get_xlim()[1] < 4 and last.get_xlim()[0] > 196
+    # Each component its colour; its reference the same colour, wide and pale.
+    sim = [line for line in first.lines if line.get_linewidth() == 1]
+    ref_lines = [line for line in first.lines if line.get_linewidth() > 1]
+    assert len(sim) == len(ref_lines) == 2
+    assert sim[0].get_color() != sim[1].get_color()
+    assert [r.get_color() for r in ref_lines] == [s.get_color() for s in sim]
+    # The error panels: one line per observable of that unit, the upper envelope
+    # over 400 bins.
+    assert [line.get_label() for line in axes["error[m]"].lines] == ["x", "y"]
+    assert len(axes["error[m]"].lines[0].get_xdata()) == _run_figure.BINS
+    assert "maximum over 0.5 s" in axes["error[m]"].get_title(loc="right")
+    # |E - E0| is exactly 0: said, not left out silently.
+    assert "exactly 0 throughout" in axes["energy"].texts[0].get_text()
+    _run_figure.plot(tmp_path / "long.png", data, ("x [m]", "y [m]", "phi [rad]"), "t")
+    assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_run_prints_table(short_run):
-    code, out, _ = short_run
+    code, out, _, _ = short_run
     assert code == 0
     assert _table_value(out, "max constraint error") < 1e-6
     assert _table_value(out, "max energy error") < 1e-4
@@ -60,7 +189,7 @@ def test_run_prints_table(short_run):
 
 
 def test_run_writes_figure_and_data(short_run):
-    _, out, folder = short_run
+    _, out, folder, _ = short_run
     png, npz = folder / "slider-crank.png", folder / "slider-crank.npz"
     assert f"wrote {png}" in out and f"wrote {npz}" in out
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -190,7 +319,10 @@ def test_library_value_error_is_a_user_error(monkeypatch, tmp_path, capsys):
     monkeypatch.setitem(cli.MODELS, "broken", _Broken)
     code, err = _exit_code(["run", "broken", "--out", str(tmp_path)], capsys)
     assert code == 2
-    assert err.startswith("cdiff: error: _Broken.mass_matrix")
+    # (After the line saying what it was doing.)
+    assert err.splitlines()[0].endswith("setting up broken: building the model and "
+                                        "checking it at its initial state ...")
+    assert err.splitlines()[-1].startswith("cdiff: error: _Broken.mass_matrix")
     assert not (tmp_path / "broken.npz").exists()
 
 
@@ -247,7 +379,7 @@ def test_plot_leaves_out_non_finite_values(tmp_path):
             "observable": huge[:, None], "reference_observable": ts[:, None],
             "observable_error": huge}
     with np.errstate(all="ignore"):
-        cli._plot(tmp_path / "a.png", data, ("x",), "non-finite rows")
+        _run_figure.plot(tmp_path / "a.png", data, ("x",), "non-finite rows")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
 
 

@@ -194,3 +194,23 @@ def test_off_grid_step_sizes_interpolate_like_simulate():
         expected = _independent(_separate(cdiff.UdwadiaKalaba(), jnp.asarray(dt)))
         got = np.array([study[c][i] for c in COLUMNS])
         np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-16)
+
+
+def test_log_plot_shows_zeros_and_failures_on_the_edges():
+    # A log axis leaves 0 and inf out; the plot puts them on the bottom and top
+    # edges, named in the legend, instead of a legend entry with nothing drawn.
+    from matplotlib.figure import Figure
+
+    from cdiff.studies._sweeps import _log_points
+
+    ax = Figure().subplots()
+    marked = _log_points(ax, [1e-3, 1e-2, 1e-1, 1.0], [0.0, 1e-4, np.inf, 0.0],
+                         "minimal", "C3")
+    assert [m.get_label() for m in marked] == ["minimal: exactly 0",
+                                               "minimal: failed (inf)"]
+    zeros, failed = marked
+    np.testing.assert_array_equal(zeros.get_xdata(), [1e-3, 1.0])
+    assert np.all(zeros.get_ydata() < 0.1) and np.all(failed.get_ydata() > 0.9)
+    assert zeros.get_transform().contains_branch_seperately(ax.transData) == (
+        True, False)  # x in data, y on the axes
+    assert _log_points(ax, [1, 2], [1e-3, 1e-4], "fine", "C0") == []

@@ -383,28 +383,56 @@ class StepSizeStudy(Table):
         """Log-log panels against the step size, one line per formulation:
         (a) max |Φ_q|, (b) max |Φ̇_q, Φ_v|, (c) max |E − E₀|, (d) max overall error
         against the reference, (e) wall time per trajectory (when measured, else
-        the number of steps). Writes `path` when given; returns the figure."""
+        the number of steps). A value of exactly 0 (e.g. the constraint error of
+        the minimal ODE), which a log axis cannot show, is a hollow triangle on
+        the panel's bottom edge, and a failed run (inf) a cross on its top edge,
+        both named in the panel's legend. Writes `path` when given; returns the
+        figure."""
         from matplotlib.figure import Figure
 
         cost = "time" if np.any(np.isfinite(self["time"])) else "steps"
         panels = [*_METRICS, cost]
         labels = ["(a) max constraint error", "(b) max velocity constraint error",
-                  "(c) max energy error", "(d) max overall error",
+                  "(c) max energy error [J]", "(d) max overall error",
                   "(e) wall time per run [s]" if cost == "time" else "(e) steps"]
         fig = Figure(figsize=(6.5, 2.2 * len(panels)), layout="constrained")
         axs = fig.subplots(len(panels), 1, sharex=True)
-        for name in dict.fromkeys(self["formulation"]):
+        edges: dict = {}
+        for k, name in enumerate(dict.fromkeys(self["formulation"])):
             rows = self.where(formulation=name)
             for ax, key in zip(axs, panels):
-                y = np.where(np.isfinite(rows[key]) & (rows[key] > 0), rows[key],
-                             np.nan)
-                ax.loglog(rows["dt"], y, "o-", label=name, ms=3)
+                edges.setdefault(ax, []).extend(_log_points(
+                    ax, rows["dt"], rows[key], name, f"C{k % 10}"))
         for ax, label in zip(axs, labels):
             ax.set_ylabel(label, fontsize=8)
             ax.grid(True, which="both", alpha=0.3)
+            if ax is not axs[0] and edges[ax]:
+                ax.legend(handles=edges[ax], fontsize=7)
         axs[-1].set_xlabel("step size dt [s]")
         axs[0].legend(fontsize=7)
         return _finish(fig, self.title, path)
+
+
+def _log_points(ax, x, values, label, colour, **style) -> list:
+    """`values` against `x` on log axes, `o-` in `colour`: the positive finite
+    values as a line; those exactly 0 (which a log axis leaves out) as hollow
+    triangles on the bottom edge and failed ones (inf) as crosses on the top
+    edge, labelled so that a legend names them. Returns those edge markers."""
+    from matplotlib.transforms import blended_transform_factory
+
+    x, values = np.asarray(x, float), np.asarray(values, float)
+    shown = np.where(np.isfinite(values) & (values > 0), values, np.nan)
+    ax.loglog(x, shown, "o-", ms=3, color=colour, label=label, **style)
+    edge = blended_transform_factory(ax.transData, ax.transAxes)
+    markers = []
+    for where, height, marker, what in [(values == 0, 0.03, "v", "exactly 0"),
+                                        (np.isinf(values), 0.97, "x", "failed (inf)")]:
+        if np.any(where):
+            markers += ax.plot(x[where], np.full(np.count_nonzero(where), height),
+                               marker, ms=6, mfc="none", color=colour,
+                               transform=edge, clip_on=False, ls="none",
+                               label=f"{label}: {what}" if label else what)
+    return markers
 
 
 def step_size_study(
@@ -547,14 +575,16 @@ class GainSweep(Table):
             rows = self.where(dt=dt)
             combos = (list(dict.fromkeys(zip(*(rows[g] for g in others))))
                       if others else [()])
-            for combo in combos:
+            marked = []
+            for k, combo in enumerate(combos):
                 sel = np.ones(len(rows), bool)
                 for g, value in zip(others, combo):
                     sel &= rows[g] == value
-                y = rows[self._metric][sel]
                 label = ", ".join(f"{g}={v:g}" for g, v in zip(others, combo))
-                ax.loglog(rows[first][sel], np.where(np.isfinite(y), y, np.nan),
-                          "o-", ms=3, label=label or None)
+                marked += _log_points(ax, rows[first][sel], rows[self._metric][sel],
+                                      label or None, f"C{k % 10}")
+            if marked and (ax is not axs[0] or not others):
+                ax.legend(handles=marked, fontsize=6)
             ax.set_title(f"dt = {dt:g}", fontsize=8)
             ax.set_xlabel(first, fontsize=8)
             ax.grid(True, which="both", alpha=0.3)
