@@ -11,6 +11,8 @@ import sys
 import types
 from pathlib import Path
 
+import pytest
+
 import cdiff  # imports cdiff.models, .studies, .control and .analysis
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -117,3 +119,27 @@ def test_no_page_or_docstring_names_a_file_outside_the_repository():
     assert not outside, "names a file outside the repository:\n" + "\n".join(outside)
     assert not absent, "names a repository file that does not exist:\n" + "\n".join(absent)
 
+
+
+_HELP_BLOCK = re.compile(r"### `(cdiff[^`]*) --help`\n\n```text\n(.*?)```", re.DOTALL)
+
+
+def _help_text(command: str, capsys, monkeypatch) -> str:
+    from cdiff import cli
+
+    monkeypatch.setenv("COLUMNS", "88")
+    with pytest.raises(SystemExit):
+        cli.main([*command.split()[1:], "--help"])
+    return capsys.readouterr().out
+
+
+def test_command_line_page_shows_the_current_help(capsys, monkeypatch):
+    """docs/cli.md's copies of `cdiff ... --help` are the parser's output (at 88
+    columns), so an option added to the command line fails here until the page
+    has it."""
+    page = (ROOT / "docs" / "cli.md").read_text()
+    blocks = _HELP_BLOCK.findall(page)
+    assert {command for command, _ in blocks} >= {"cdiff", "cdiff list", "cdiff run",
+                                                 "cdiff study"}
+    for command, text in blocks:
+        assert text == _help_text(command, capsys, monkeypatch), command
