@@ -143,3 +143,14 @@ def test_command_line_page_shows_the_current_help(capsys, monkeypatch):
                                                  "cdiff study"}
     for command, text in blocks:
         assert text == _help_text(command, capsys, monkeypatch), command
+
+
+def test_getting_started_runs_the_readme_code():
+    """Every Python block of docs/getting-started.md is one of the README's, which
+    tests/test_readme.py executes: the page's code is run, not only rendered."""
+    fence = re.compile(r"```python\n(.*?)```", re.DOTALL)
+    readme = fence.findall((ROOT / "README.md").read_text())
+    page = fence.findall((ROOT / "docs" / "getting-started.md").read_text())
+    assert page, "no Python block on the getting-started page"
+    missing = [block.splitlines()[0] for block in page if block not in readme]
+    assert not missing, f"getting-started blocks not in the README (not executed): {missing}"
