@@ -72,14 +72,13 @@ def plain_jax(model, steps):
         q, v = jnp.split(y, 2)
         M, Q = model.mass_matrix(t, q), model.forces(t, q, v)
         A = jax.jacfwd(lambda q: model.holonomic(t, q))(q)
-        Adot_v = jax.jvp(lambda q: A_of(q) @ v, (q,), (v,))[1]
+        # A'v = d/dq (A v) v: the second directional derivative of the residuals.
+        Adot_v = jax.jvp(lambda q: jax.jvp(lambda q: model.holonomic(t, q), (q,), (v,))[1],
+                         (q,), (v,))[1]
         k = A.shape[0]
         K = jnp.block([[M, A.T], [A, jnp.zeros((k, k), q.dtype)]])
         sol = jnp.linalg.solve(K, jnp.concatenate([Q, -Adot_v]))
         return jnp.concatenate([v, sol[: q.shape[0]]])
-
-    def A_of(q):
-        return jax.jacfwd(lambda q: model.holonomic(t, q))(q)
 
     @jax.jit
     def run(q0, v0):

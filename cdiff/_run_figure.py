@@ -21,6 +21,14 @@ PERIODS = 3
 #: (their upper envelope) once there are more than twice as many saved rows.
 BINS = 400
 
+#: The residual panels: the saved field, its label, colour and unit.
+_RESIDUALS = {
+    "position residual": ("holonomic_residual", r"$\max_i |\Phi_{q,i}|$", "C0",
+                          r"[unit of $\Phi_q$]"),
+    "velocity residual": ("velocity_residual", r"$\max_i |[\dot\Phi_q; \Phi_v]_i|$",
+                          "C1", r"[unit of $\Phi_q$ / s]"),
+}
+
 
 def plot(path: Path, data: dict, names: tuple[str, ...], title: str,
           coordinate_names: tuple[str, ...] = ()) -> None:
@@ -142,18 +150,12 @@ def figure(data: dict, names: tuple[str, ...], title: str,
             ax.set_ylabel(_with_unit("observable error\n$|y - y_\\mathrm{ref}|$", unit),
                           fontsize=8)
             ax.legend(fontsize=7, loc="lower right", framealpha=0.8)
-        elif kind == "position residual":
+        elif kind in _RESIDUALS:
             ax.set_gid(kind)
-            _log_line(ax, ts, np.max(np.abs(data["holonomic_residual"]), axis=-1),
-                      r"$\max_i |\Phi_{q,i}|$", "C0", alone=True)
-            ax.set_ylabel("position residual\n" r"$\max_i |\Phi_{q,i}|$"
-                          "\n" r"[unit of $\Phi_q$]", fontsize=8)
-        elif kind == "velocity residual":
-            ax.set_gid(kind)
-            _log_line(ax, ts, np.max(np.abs(data["velocity_residual"]), axis=-1),
-                      r"$\max_i |[\dot\Phi_q; \Phi_v]_i|$", "C1", alone=True)
-            ax.set_ylabel("velocity residual\n" r"$\max_i |[\dot\Phi_q; \Phi_v]_i|$"
-                          "\n" r"[unit of $\Phi_q$ / s]", fontsize=8)
+            key, label, colour, unit = _RESIDUALS[kind]
+            _log_line(ax, ts, np.max(np.abs(data[key]), axis=-1), label, colour,
+                      alone=True)
+            ax.set_ylabel(f"{kind}\n{label}\n{unit}", fontsize=8)
         elif kind == "no constraints":
             ax.set_gid(kind)
             ax.text(0.5, 0.5, "no constraints", transform=ax.transAxes,

@@ -97,8 +97,7 @@ class NFourBar(AbstractModel):
 
     def initial_state(self):
         """The benchmark's start: cranks vertical, tips moving at 1 m/s along +x."""
-        th, om = jnp.pi / 2, -1.0 / jnp.asarray(self.l, float)
-        return self.minimal_state(jnp.stack([jnp.asarray(th, float), om]))
+        return self.minimal_state(self.minimal_ode().y0)
 
     def minimal_state(self, y):
         """`(q, v)` of the parallelogram motion from $y = (\\theta, \\dot\\theta)$
@@ -106,10 +105,12 @@ class NFourBar(AbstractModel):
         th, om = y[..., 0:1], y[..., 1:2]
         l = self.l
         pivots = l * jnp.arange(self.n + 1, dtype=y.dtype)
-        x, yy = pivots + l * jnp.cos(th), l * jnp.sin(th) + 0 * pivots
-        dx, dy = -l * jnp.sin(th) * om + 0 * pivots, l * jnp.cos(th) * om + 0 * pivots
-        q = jnp.stack([x, yy], axis=-1).reshape(*y.shape[:-1], -1)
-        v = jnp.stack([dx, dy], axis=-1).reshape(*y.shape[:-1], -1)
+        x = pivots + l * jnp.cos(th)
+        xy = jnp.stack([x, jnp.broadcast_to(l * jnp.sin(th), x.shape)], axis=-1)
+        tip_rate = l * om[..., None] * jnp.stack([-jnp.sin(th), jnp.cos(th)], axis=-1)
+        rate = jnp.broadcast_to(tip_rate, xy.shape)  # every tip moves alike
+        q = xy.reshape(*y.shape[:-1], -1)
+        v = rate.reshape(*y.shape[:-1], -1)
         return q, v
 
     def minimal_ode(self) -> MinimalODE:
