@@ -61,7 +61,8 @@ class AbstractDAEFormulation(AbstractFormulation):
     r"""A formulation written as a DAE $F(t, x, \dot x) = 0$ for [`cdiff.BDF`][].
 
     Subclasses name their algebraic variables (`algebraic_sizes`) and implement
-    `residual`. The rest is shared: the state layout $x = [q, v, z_1, z_2, \dots]$,
+    `residual` (splitting the state with `blocks`, and passing constraint rows
+    through `kept`), `algebraic_values` and `multipliers`. The rest is shared: the state layout $x = [q, v, z_1, z_2, \dots]$,
     consistent initialisation, the constraint force and multipliers, and the
     singularity monitor.
 
@@ -132,13 +133,18 @@ class AbstractDAEFormulation(AbstractFormulation):
             rows=rows,
         )
 
-    def _kept(self, x, holonomic: bool = False):
-        """The kept rows of a vector or matrix of constraint rows."""
+    def kept(self, x, holonomic: bool = False):
+        r"""The kept rows of a vector or matrix of constraint rows: all of them, or
+        the independent ones `bind` chose when the constraints are redundant
+        (`holonomic=True` for rows of $\Phi_q$, else rows of $A_v$). A subclass's
+        `residual` passes its constraint rows through it."""
         if self.rows is None:
             return x
         return x[np.asarray(self.rows[1 if holonomic else 0], dtype=int)]
 
-    def _blocks(self, x):
+    def blocks(self, x):
+        r"""`x` (or $\dot x$) split into `[q, v, z_1, z_2, ...]`, the blocks of
+        `algebraic_sizes` after the coordinates and velocities."""
         if self.sizes is None:
             raise ValueError(
                 f"{type(self).__name__}: use it through cdiff.simulate(..., "
@@ -156,7 +162,7 @@ class AbstractDAEFormulation(AbstractFormulation):
         return np.concatenate([np.zeros(n_diff, bool), np.ones(n_alg, bool)])
 
     def coordinates(self, t, y, context: Context):
-        q, v, *_ = self._blocks(y)
+        q, v, *_ = self.blocks(y)
         return q, v
 
     # -- initialisation -------------------------------------------------------
@@ -180,7 +186,7 @@ class AbstractDAEFormulation(AbstractFormulation):
         lam = dyn.multipliers
         if self.rows is not None:  # the same force on the kept (independent) rows
             _, A_v = velocity_constraints(context.model, t, q, v)
-            A = self._kept(A_v)
+            A = self.kept(A_v)
             lam = jnp.linalg.solve(A @ A.T, A @ dyn.force)
         blocks = self.algebraic_values(t, q, v, a, lam, context)
         x = jnp.concatenate((q, v) + tuple(blocks))
@@ -194,7 +200,7 @@ class AbstractDAEFormulation(AbstractFormulation):
         """Extreme singular values of the mass-weighted constraint matrix
         $C = A_vR^{-1}$ ($CC^T = A_vM^{-1}A_v^T$, the reduction index matrix)."""
         _, A_v = velocity_constraints(context.model, t, q, v)
-        C = mass_factor(context.model, t, q).weight(self._kept(A_v))
+        C = mass_factor(context.model, t, q).weight(self.kept(A_v))
         ev = jnp.linalg.eigvalsh(C @ C.T)
         return jnp.sqrt(jnp.maximum(ev[0], 0.0)), jnp.sqrt(jnp.maximum(ev[-1], 0.0))
 
@@ -289,21 +295,21 @@ class GGL(AbstractDAEFormulation):
         return (lam, mu) if self.variant == "mass" else (a, lam, mu)
 
     def multipliers(self, x):
-        return self._blocks(x)[2 if self.variant == "mass" else 3]
+        return self.blocks(x)[2 if self.variant == "mass" else 3]
 
     def residual(self, t, x, xdot, context: Context):
         model = context.model
         if self.variant == "mass":
-            q, v, lam, mu = self._blocks(x)
+            q, v, lam, mu = self.blocks(x)
         else:
-            q, v, w, lam, mu = self._blocks(x)
-        qdot, vdot, *_ = self._blocks(xdot)
+            q, v, w, lam, mu = self.blocks(x)
+        qdot, vdot, *_ = self.blocks(xdot)
         # One Jacobian pass: the holonomic rows of A_v are G (= dPhi_q/dq).
         r_v, A_v = velocity_constraints(model, t, q, v)
-        r_v, A_v = self._kept(r_v), self._kept(A_v)
+        r_v, A_v = self.kept(r_v), self.kept(A_v)
         m = self.sizes[1]
         phi = jnp.asarray(model.holonomic(jnp.asarray(t, q.dtype), q), q.dtype)
-        phi = self._kept(phi, holonomic=True)
+        phi = self.kept(phi, holonomic=True)
         G = A_v[:m]
         f = applied_forces(context, t, q, v) + A_v.T @ lam
         kinematic = qdot - model.position_rate(t, q, v + G.T @ mu)
@@ -335,14 +341,14 @@ class IndexOne(AbstractDAEFormulation):
         return (a, lam)
 
     def multipliers(self, x):
-        return self._blocks(x)[3]
+        return self.blocks(x)[3]
 
     def residual(self, t, x, xdot, context: Context):
         model = context.model
-        q, v, w, lam = self._blocks(x)
-        qdot, vdot, *_ = self._blocks(xdot)
+        q, v, w, lam = self.blocks(x)
+        qdot, vdot, *_ = self.blocks(xdot)
         kin = kinematics(model, t, q, v)
-        A_v, b_v = self._kept(kin.A_v), self._kept(kin.b_v)
+        A_v, b_v = self.kept(kin.A_v), self.kept(kin.b_v)
         f = applied_forces(context, t, q, v) + A_v.T @ lam
         return jnp.concatenate([
             qdot - model.position_rate(t, q, v),

@@ -1,0 +1,229 @@
+"""Every public abstract class, subclassed as a user would from its docstring, on a
+user's own model: a pendulum in Cartesian coordinates with the constraint
+x^2 + y^2 - l^2 = 0 (not one of cdiff's models). Each run is checked against an
+independent reference: SciPy's DOP853 on the pendulum's angle equation at 1e-12, or
+a closed form of the closed loop.
+
+(AbstractStatefulController is exercised in tests/test_control_state.py.)"""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+from scipy.integrate import solve_ivp
+
+import cdiff
+
+jax.config.update("jax_enable_x64", True)
+
+M, L, G = 2.0, 1.5, 9.81
+THETA0 = 1.0  # rad from the lowest point, released at rest
+T1, DT = 2.0, 1e-3
+
+
+class CartesianPendulum(cdiff.AbstractModel):
+    """A point mass `m` on a massless rod of length `l` about the origin; gravity -y."""
+
+    m: float = M
+    l: float = L
+    g: float = G
+
+    def mass_matrix(self, t, q):
+        return self.m * jnp.eye(2, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.array([0.0, -self.m * self.g], dtype=q.dtype)
+
+    def holonomic(self, t, q):
+        return jnp.array([q @ q - self.l**2])
+
+    def energy(self, t, q, v):
+        return 0.5 * self.m * (v @ v) + self.m * self.g * q[1]
+
+
+MODEL = CartesianPendulum()
+Q0 = jnp.array([L * np.sin(THETA0), -L * np.cos(THETA0)])
+V0 = jnp.zeros(2)
+TS = np.linspace(0.0, T1, round(T1 / DT) + 1)
+
+
+def angle_reference(damping=0.0, ts=TS):
+    """(q, v) at `ts` from theta'' = -(g/l) sin(theta) - (c/m) theta' by DOP853."""
+    sol = solve_ivp(lambda t, y: [y[1], -G / L * np.sin(y[0]) - damping / M * y[1]],
+                    (0.0, ts[-1]), [THETA0, 0.0], method="DOP853", t_eval=ts,
+                    rtol=1e-12, atol=1e-12)
+    th, om = sol.y
+    q = np.stack([L * np.sin(th), -L * np.cos(th)], axis=1)
+    v = np.stack([L * np.cos(th) * om, L * np.sin(th) * om], axis=1)
+    return q, v
+
+
+Q_REF, V_REF = angle_reference()
+
+
+def run(formulation, **kwargs):
+    kwargs.setdefault("dt", DT)
+    return cdiff.simulate(MODEL, formulation, Q0, V0, t1=T1,
+                          saveat=cdiff.SaveAt(ts=jnp.asarray(TS)), **kwargs)
+
+
+def kkt(model, t, q, v, f):
+    """Acceleration and multipliers of [[M, A^T], [A, 0]] [a; -lam] = [f; b]."""
+    kin = cdiff.kinematics(model, t, q, v)
+    A, b = kin.A_v, kin.b_v
+    k = A.shape[0]
+    K = jnp.block([[model.mass_matrix(t, q), A.T], [A, jnp.zeros((k, k), q.dtype)]])
+    x = jnp.linalg.solve(K, jnp.concatenate([f, b]))
+    return x[:2], -x[2:], A
+
+
+# -- AbstractFormulation ---------------------------------------------------------
+
+
+class PlainKKT(cdiff.AbstractFormulation):
+    """Lagrange's multiplier form solved by one dense KKT solve, no stabilisation
+    (and no `control`: `context.control` is not read)."""
+
+    def dynamics(self, t, y, context, frozen):
+        q, v = y
+        a, lam, A = kkt(context.model, t, q, v, context.model.forces(t, q, v))
+        return cdiff.Dynamics(rate=(v, a), force=A.T @ lam, multipliers=lam)
+
+
+def test_user_formulation():
+    sol = run(PlainKKT())
+    err = np.abs(np.asarray(sol.q) - Q_REF).max()
+    assert err < 1e-10  # measured 1.7e-11: RK4's error at dt = 1e-3 over 2 s
+    # The constraint force is the rod's tension: lam A = Q_c, |Q_c| = m(|v|^2/l + g cos)
+    q, v = np.asarray(sol.q), np.asarray(sol.v)
+    tension = M * (np.sum(v**2, axis=1) / L - G * q[:, 1] / L)
+    assert np.abs(np.linalg.norm(np.asarray(sol.constraint_force), axis=1)
+                  - tension).max() < 3e-9  # measured 4.1e-10 (|q| drifts off l)
+    # As an extra: the same ODE as cdiff's Lagrange without Baumgarte terms.
+    lagrange = run(cdiff.Lagrange())
+    assert np.abs(np.asarray(lagrange.q) - q).max() < 2e-14  # measured 2.3e-15
+
+
+# -- AbstractDAEFormulation ------------------------------------------------------
+
+
+class VelocityIndexOne(cdiff.AbstractDAEFormulation):
+    """x = [q, v, lam]: q' = v, M v' = Q + A^T lam, A v' = b (index 1 in v' and lam)."""
+
+    def algebraic_sizes(self, nv, m, k):
+        return (k,)
+
+    def algebraic_values(self, t, q, v, a, lam, context):
+        return (lam,)
+
+    def multipliers(self, x):
+        return self.blocks(x)[2]
+
+    def residual(self, t, x, xdot, context):
+        model = context.model
+        q, v, lam = self.blocks(x)
+        qdot, vdot, _ = self.blocks(xdot)
+        kin = cdiff.kinematics(model, t, q, v)
+        A, b = self.kept(kin.A_v), self.kept(kin.b_v)
+        return jnp.concatenate([
+            qdot - v,
+            model.mass_matrix(t, q) @ vdot - model.forces(t, q, v) - A.T @ lam,
+            A @ vdot - b,
+        ])
+
+
+def test_user_dae_formulation():
+    sol = run(VelocityIndexOne(), dt=1e-4, solver=cdiff.BDF(rtol=1e-9, atol=1e-9))
+    assert sol.succeeded
+    err = np.abs(np.asarray(sol.q) - Q_REF).max()
+    assert err < 5e-7  # measured 5.2e-8 (BDF's global error at 1e-9)
+    # The multiplier is the tension over |A| = 2l: lam = -|Q_c| / (2 l).
+    q, v = np.asarray(sol.q), np.asarray(sol.v)
+    tension = M * (np.sum(v**2, axis=1) / L - G * q[:, 1] / L)
+    lam = np.asarray(sol.multipliers)[:, 0]
+    assert np.abs(lam + tension / (2 * L)).max() < 2e-6  # measured 2.9e-7
+    # As an extra: cdiff's own index-1 DAE (with w = v' as a variable) agrees.
+    ref = run(cdiff.IndexOne(), dt=1e-4, solver=cdiff.BDF(rtol=1e-9, atol=1e-9))
+    assert np.abs(np.asarray(ref.q) - q).max() < 1e-13  # measured 3.5e-15
+
+
+# -- AbstractProjection ----------------------------------------------------------
+
+
+class MinimumNorm(cdiff.AbstractProjection):
+    """The Euclidean minimum-norm correction, by NumPy-style least squares."""
+
+    iterations: int = eqx.field(static=True, default=3)
+
+    def corrector(self, model, t, q, A):
+        return lambda A, r: jnp.linalg.lstsq(A, r)[0]
+
+
+def test_user_projection():
+    dt = 1e-2  # a coarse step: without the projection RK4 drifts off the circle
+    ts = np.linspace(0.0, T1, round(T1 / dt) + 1)
+    q_ref, _ = angle_reference(ts=ts)
+    kwargs = dict(t1=T1, dt=dt, saveat=cdiff.SaveAt(ts=jnp.asarray(ts)))
+    plain = cdiff.simulate(MODEL, PlainKKT(), Q0, V0, **kwargs)
+    sol = cdiff.simulate(MODEL, PlainKKT(), Q0, V0,
+                         solver=cdiff.Projected(cdiff.RK4(), MinimumNorm()), **kwargs)
+    assert float(plain.max_constraint_error) > 1e-7  # measured 4.9e-7
+    assert float(sol.max_constraint_error) < 1e-14  # measured 2.2e-15 (|q|^2 - l^2)
+    assert float(sol.max_velocity_error) < 1e-14  # measured 3.0e-15
+    err = np.abs(np.asarray(sol.q) - q_ref).max()
+    assert err < 3e-7  # measured 4.7e-8 (1.7e-7 without the projection)
+    # As an extra: cdiff's Newton projection (for M = mI the same rule).
+    newton = cdiff.simulate(MODEL, PlainKKT(), Q0, V0, solver=cdiff.Projected(
+        cdiff.RK4(), cdiff.NewtonProjection(iterations=3)), **kwargs)
+    assert np.abs(np.asarray(newton.q) - np.asarray(sol.q)).max() < 1e-14  # measured 0
+
+
+# -- AbstractController ----------------------------------------------------------
+
+
+class ViscousDrag(cdiff.control.AbstractController):
+    """A drag force -c v on the mass (a controller with a model, as the built-in ones)."""
+
+    model: cdiff.AbstractModel
+    c: float
+
+    def generalized_force(self, t, q, v):
+        return -self.c * v
+
+
+def test_user_controller():
+    c = 0.8
+    q_ref, _ = angle_reference(damping=c)
+    sol = run(cdiff.Lagrange(), control=ViscousDrag(MODEL, c))
+    err = np.abs(np.asarray(sol.q) - q_ref).max()
+    assert err < 1e-10  # measured 1.1e-11
+    # the drag does work: the energy falls from -15.9 J to -23.3 J (measured)
+    assert float(sol.energy[0] - sol.energy[-1]) > 7.0
+
+
+# -- AbstractStateFeedback -------------------------------------------------------
+
+
+class DampTheSpeed(cdiff.AbstractStateFeedback):
+    """Feedback linearisation on Yun-Sarkar's eq. 28: the input that makes the
+    tangential part of q'' + k q' vanish, S^T (S nu' + gamma + k q') = 0, so that the
+    speed along the circle decays as exp(-k t)."""
+
+    k: float
+
+    def feedback(self, t, system):
+        S = system.S
+        nudot = -jnp.linalg.solve(S.T @ S, S.T @ (system.gamma + self.k * system.qdot))
+        return jnp.linalg.pinv(system.gain) @ (nudot - system.drift)
+
+
+def test_user_state_feedback():
+    k = 1.5
+    v0 = jnp.array([L * np.cos(THETA0), L * np.sin(THETA0)]) * 2.0  # tangent, 2 rad/s
+    sol = cdiff.simulate(MODEL, cdiff.NullSpace(alpha=10.0), Q0, v0, t1=T1, dt=DT,
+                         control=DampTheSpeed(k),
+                         saveat=cdiff.SaveAt(ts=jnp.asarray(TS)))
+    speed = np.linalg.norm(np.asarray(sol.v), axis=1)
+    exact = float(jnp.linalg.norm(v0)) * np.exp(-k * TS)
+    assert np.abs(speed - exact).max() < 5e-11  # measured 4.8e-12
+    assert float(sol.max_constraint_error) < 1e-10  # measured 1.2e-11 (alpha = 10)
