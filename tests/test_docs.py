@@ -3,10 +3,12 @@ cross-reference, link or anchor fails), every public name has an API entry, and 
 docstring or page names a file that is not in the repository."""
 
 import ast
+import builtins
 import json
 import os
 import re
 import subprocess
+import symtable
 import sys
 import types
 from pathlib import Path
@@ -145,12 +147,56 @@ def test_command_line_page_shows_the_current_help(capsys, monkeypatch):
         assert text == _help_text(command, capsys, monkeypatch), command
 
 
-def test_getting_started_runs_the_readme_code():
-    """Every Python block of docs/getting-started.md is one of the README's, which
-    tests/test_readme.py executes: the page's code is run, not only rendered."""
-    fence = re.compile(r"```python\n(.*?)```", re.DOTALL)
-    readme = fence.findall((ROOT / "README.md").read_text())
-    page = fence.findall((ROOT / "docs" / "getting-started.md").read_text())
-    assert page, "no Python block on the getting-started page"
-    missing = [block.splitlines()[0] for block in page if block not in readme]
-    assert not missing, f"getting-started blocks not in the README (not executed): {missing}"
+_FENCE = re.compile(r"^```python\n(.*?)^```", re.DOTALL | re.MULTILINE)
+
+
+def _global_names_used(table: symtable.SymbolTable, top: bool = True) -> set[str]:
+    """Names a block reads from the module namespace without binding them itself."""
+    names = set()
+    for symbol in table.get_symbols():
+        if symbol.is_referenced() and (
+                (top and not symbol.is_assigned() and not symbol.is_imported())
+                or (not top and symbol.is_global())):
+            names.add(symbol.get_name())
+    for child in table.get_children():
+        names |= _global_names_used(child, top=False)
+    return names
+
+
+def test_the_readme_code_is_the_sites():
+    """Every Python block of the README is one of the site's (docs/getting-started.md,
+    or a guide page), which tests/test_readme.py executes, checking every value it
+    prints against its `# prints:` comment: the README's tour is run, not only shown.
+    The blocks come in the page's order, and each reads only names that the README's
+    earlier blocks (or the block itself) define, so the README runs as written too."""
+    readme = _FENCE.findall((ROOT / "README.md").read_text(encoding="utf-8"))
+    assert len(readme) >= 4, "the README's tour has no Python blocks"
+    tour = _FENCE.findall((DOCS / "getting-started.md").read_text(encoding="utf-8"))
+    site = [block for page in sorted(DOCS.glob("*.md"))
+            for block in _FENCE.findall(page.read_text(encoding="utf-8"))]
+    missing = [block.splitlines()[0] for block in readme if block not in site]
+    assert not missing, f"README blocks that no site page has (not executed): {missing}"
+    in_tour = [tour.index(block) for block in readme if block in tour]
+    assert in_tour == sorted(in_tour), "the README's blocks are not in the tour's order"
+    defined, undefined = set(dir(builtins)), []
+    for block in readme:
+        table = symtable.symtable(block, "README.md", "exec")
+        own = {s.get_name() for s in table.get_symbols() if s.is_assigned() or s.is_imported()}
+        undefined += [f"{block.splitlines()[0]!r}: {name}"
+                      for name in sorted(_global_names_used(table) - defined - own)]
+        defined |= own
+    assert not undefined, f"README blocks read names no earlier block defines: {undefined}"
+
+
+_LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
+
+
+def test_readme_links_resolve():
+    """Every relative link of the README names a file of the repository (the site's
+    pages are linked as docs/*.md, so that they work on GitHub too)."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    links = [target for target in _LINK.findall(readme) if "://" not in target]
+    assert links, "the README links no page of the site"
+    broken = [target for target in links
+              if not (ROOT / target.split("#")[0]).is_file()]
+    assert not broken, f"README links to files that do not exist: {broken}"
