@@ -63,7 +63,7 @@ def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None,
     if chunk is not None and batch > chunk:
         # One vmapped call per chunk of `chunk` trajectories (compiled once), results
         # to the host in between: jaxlib 0.10.2's CPU runtime hangs on single calls
-        # of more than 8192 (README, known limitations).
+        # of more than 8192 (docs/limitations.md).
         def fn(dq):
             return cdiff.studies.map_batches(one, dq, chunk_size=chunk, progress=False,
                                              compiler_options=_config.options(options))

@@ -22,7 +22,7 @@ def _bound_compiled_programs():
 
     A test worker runs half the suite in one process, and every compiled XLA CPU
     program holds memory mappings (un-jitted `jax.grad` through `simulate`
-    compiles ~2000 small programs; the README's examples left 12,000 mappings).
+    compiles ~2000 small programs; the documentation's examples left 12,000 mappings).
     Kept for the worker's life, they reached the limit above and XLA crashed
     while compiling (segfault or abort) late in the run. Below the threshold the
     caches are kept, so that later files reuse earlier files' compilations.

@@ -1,5 +1,5 @@
-"""Reference mechanisms of the papers (R1-R8 in the README), each with its paper's
-parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` and an
+"""Reference mechanisms of the papers (R1-R8, `docs/reference-mechanisms.md`), each
+with its paper's parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` and an
 `observable(q)` (the quantity its paper compares with the reference); the shipped
 MJCF mechanisms (`MJCF_LIBRARY`, measured by `acceptance`) and `from_mujoco` for
 MuJoCo models."""
