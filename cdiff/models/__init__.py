@@ -1,8 +1,8 @@
 """Reference mechanisms of the papers (R1-R8, `docs/reference-mechanisms.md`), each
-with its paper's parameters, `initial_state()`, an independent tight-tolerance `reference(ts)` and an
-`observable(q)` (the quantity its paper compares with the reference); the shipped
-MJCF mechanisms (`MJCF_LIBRARY`, measured by `acceptance`) and `from_mujoco` for
-MuJoCo models."""
+with its paper's parameters, `initial_state()`, an independent tight-tolerance
+`reference(ts)` and an `observable(q)` (the quantity its paper compares with the
+reference); the shipped MJCF mechanisms (`MJCF_LIBRARY`, measured by `acceptance`)
+and `from_mujoco` for MuJoCo models."""
 
 from ._double_four_bar import DoubleFourBar as DoubleFourBar
 from ._library import MJCF_DIR as MJCF_DIR
