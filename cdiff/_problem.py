@@ -10,10 +10,16 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ._formulation.base import AbstractFormulation, Context
+from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._model import has_energy
 from ._solution import Solution, Trajectory, build_solution
 from ._xla import compute_once
+from .control._state import (
+    AbstractStatefulController,
+    ControllerState,
+    check_controller,
+)
 
 
 class Problem(eqx.Module):
@@ -22,6 +28,10 @@ class Problem(eqx.Module):
     the formulation's prepared constants) and the formulation's initial state
     `y0`. Routes integrate `rate` (with the per-step data of `freeze` and the map
     `end_step`) from `y0` and hand their [`Trajectory`][] to `solution`.
+
+    With a stateful controller (`controlled`), `formulation` is the user's
+    formulation wrapped in `ControllerState`: its state is `(y, z)`, `z` the
+    controller's, and every route integrates both.
 
     Build it with `Problem.build`, never directly: that is where the run-time
     checks of the arguments live.
@@ -35,13 +45,15 @@ class Problem(eqx.Module):
     q0: Float[Array, " nq"]
     v0: Float[Array, " nv"]
     y0: PyTree
+    controlled: bool = eqx.field(static=True, default=False)
 
     @classmethod
     def build(cls, model, formulation: AbstractFormulation, control, q0, v0, t0, t1,
               dt) -> Problem:
         """Check the times and the initial state at run time (`eqx.error_if`: the
         values may be traced) and set the solve up: the initial energy, the
-        formulation's `prepare` and `init_state`."""
+        formulation's `prepare` and `init_state` (of the formulation wrapped in
+        `ControllerState` for a stateful controller)."""
         dt = eqx.error_if(dt, ~((dt > 0) & jnp.isfinite(dt)),
                           "cdiff.simulate: dt must be positive and finite")
         t1 = eqx.error_if(t1, ~(t1 > t0),
@@ -53,10 +65,13 @@ class Problem(eqx.Module):
         )
         e0 = model.energy(t0, q0, v0)
         e0 = jnp.asarray(jnp.nan if e0 is None else e0, q0.dtype)
+        controlled = isinstance(control, AbstractStatefulController)
+        if controlled:
+            formulation = ControllerState(formulation)
         aux = formulation.prepare(model, t0, q0, v0)
         context = Context(model, control, e0, aux, formulation)
         y0 = formulation.init_state(t0, q0, v0, context)
-        return cls(formulation, context, t0, t1, dt, q0, v0, y0)
+        return cls(formulation, context, t0, t1, dt, q0, v0, y0, controlled)
 
     def rate(self, t, y, frozen) -> PyTree:
         """The formulation's vector field with the per-step data `frozen`."""
@@ -75,7 +90,8 @@ class Problem(eqx.Module):
         """The [`Solution`][] of a route's `trajectory` (see `build_solution`)."""
         return build_solution(self.formulation, self.context, trajectory,
                               (self.q0, self.v0), dt=dt, dt_taken=dt_taken,
-                              throw=throw, divergence=divergence)
+                              throw=throw, divergence=divergence,
+                              controller_state=self.controlled)
 
 
 def frozen_placeholder(problem: Problem, dt) -> Any:
@@ -89,7 +105,9 @@ def frozen_placeholder(problem: Problem, dt) -> Any:
 def check_combination(model, formulation, control, q0, v0, t0) -> None:
     """Refuse, before tracing, a model, formulation and controller that do not go
     together: energy correction without a conservative model's energy or with a
-    controller, state feedback on a formulation without its state."""
+    controller, state feedback on a formulation without its state, a stateful
+    controller on a DAE formulation or whose state, rate and input do not fit
+    (`check_controller`)."""
     name = type(formulation).__name__
     if formulation.corrects_energy:
         name = f"{name} (corrects_energy: e.g. energy_correction=True)"
@@ -119,3 +137,13 @@ def check_combination(model, formulation, control, q0, v0, t0) -> None:
             "Yun-Sarkar's null-space state (q, nu) and needs "
             f"formulation=cdiff.NullSpace(...), got {name}."
         )
+    if isinstance(control, AbstractStatefulController):
+        if isinstance(formulation, AbstractDAEFormulation):
+            raise ValueError(
+                f"cdiff: {type(control).__name__} is a controller with state, which "
+                f"{name} cannot carry: a DAE formulation's state is the DAE's own "
+                "variables. Use an ODE formulation (e.g. cdiff.Lagrange(), "
+                "cdiff.UdwadiaKalaba(), cdiff.NullSpace()), with cdiff.BDF if the "
+                "problem is stiff, or cdiff.RK4 / a diffrax solver."
+            )
+        check_controller(control, model, t0, q0, v0)

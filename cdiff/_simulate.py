@@ -96,7 +96,11 @@ def simulate(
       when known); the state between steps is the solver's dense output (RK4:
       cubic Hermite from the step's ends and its first and last stage).
     - `control`: optional callable `u = control(t, q, v)` (e.g. an
-      `equinox.Module` controller); its output enters as $E(t, q)u$.
+      `equinox.Module` controller); its output enters as $E(t, q)u$. Or a
+      controller with state, a [`cdiff.control.AbstractStatefulController`][]:
+      its state is integrated with the mechanical state by the same solver (any
+      route above, BDF with an ODE formulation only) and saved in
+      `Solution.controller_state`, and it may read the plant's multipliers.
     - `max_steps`: static bound on the number of steps. Computed from `dt` when `dt`
       is a concrete number. When `dt` is traced (e.g. under `jax.vmap` over step
       sizes) it is **required** if every step is saved (it fixes the number of

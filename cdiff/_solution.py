@@ -53,6 +53,10 @@ class Solution(eqx.Module):
       redundant configuration it is the minimum-norm choice.
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
+    - `controller_state`: the state $z$ of a
+      [`cdiff.control.AbstractStatefulController`][] at the saved times (its
+      `init_state`'s structure, each leaf with a leading row axis), integrated
+      with the mechanical state; `None` without a stateful controller.
     - `result`: the result code, a [`cdiff.RESULTS`][] (diffrax's codes, BDF's
       and `diverged`); see [`cdiff.Solution.message`][] and `succeeded` (a
       boolean, per trajectory).
@@ -81,6 +85,7 @@ class Solution(eqx.Module):
     dt: Float[Array, ""]
     stats: dict[str, Any]
     energy0: Float[Array, ""] | None = None
+    controller_state: Any = None
 
     @property
     def succeeded(self) -> Bool[Array, "*batch"]:
@@ -306,11 +311,13 @@ def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
 
 def build_solution(formulation: AbstractFormulation, context: Context,
                    trajectory: Trajectory, state0, *, dt, dt_taken, throw: bool,
-                   divergence) -> Solution:
+                   divergence, controller_state: bool = False) -> Solution:
     """The `Solution` of every route: the diagnostics along the saved states (the
     per-step data taken with step `dt`), the result promoted to `cdiff.RESULTS`,
     and the divergence test (see `cdiff.simulate`), raised with `throw`.
-    `state0` is the user's `(q0, v0)`, the scale of the test."""
+    `state0` is the user's `(q0, v0)`, the scale of the test. With
+    `controller_state`, the saved states are `(y, z)` (a formulation wrapped with
+    a stateful controller's state `z`), saved apart."""
     ts, ys, result = trajectory.ts, trajectory.ys, trajectory.result
     hol, vel, energy, force, lam, q, v, qdot, vdot = diagnostics(
         formulation, context, dt, ts, ys)
@@ -329,8 +336,9 @@ def build_solution(formulation: AbstractFormulation, context: Context,
                            RESULTS.diverged, result)
     if throw:
         ts = result.error_if(ts, result == RESULTS.diverged)
+    ys, zs = ys if controller_state else (ys, None)
     return Solution(ts, q, v, qdot, vdot, hol, vel, energy, force, lam, ys, result,
-                    dt_taken, stats, None if energy is None else context.e0)
+                    dt_taken, stats, None if energy is None else context.e0, zs)
 
 
 def stack_saved(t0=None, ts=None, steps=None, t1=None):

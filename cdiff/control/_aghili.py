@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import jax
@@ -44,6 +44,7 @@ from .._formulation.projection import projector
 from .._kinematics import kinematics, velocity_size
 from .._linalg import MassFactor, PseudoInverse, default_rtol
 from .._model import AbstractModel, input_matrix
+from ._state import AbstractStatefulController
 
 # ---------------------------------------------------------------------------
 # Helpers.
@@ -306,8 +307,9 @@ class ProjectedInverseDynamics(_MotionController):
         return _weighted_projection(self.weight, terms.A, x, self.rtol), terms
 
 
-class HybridForceMotion(_MotionController):
-    r"""Hybrid motion/constraint-force control (Aghili eqs. 49-52).
+class HybridForceMotion(AbstractStatefulController):
+    r"""Hybrid motion/constraint-force control (Aghili eqs. 49-52), with a PI loop
+    on the measured constraint force.
 
     The motion channel is [`cdiff.control.ProjectedInverseDynamics`][]'s $u_p$
     (same `reference`, `gp`, `gd`, `coordinates`); the impotent component
@@ -322,47 +324,75 @@ class HybridForceMotion(_MotionController):
     constraint force that the motion alone produces; equal because $M_cu_p =
     PMu_p + C_c\dot q$ for the admissible $u_p$) and $A^T\lambda_c$ is the
     commanded constraint force ($-u_{\mathcal F}$). So
-    $f = Mu_p - Q - A^T\lambda_c$ (eq. 52), and by eq. 32 the constraint force is
-    $Q_c = A^T\lambda_c$ and the multipliers $\lambda = \lambda_c$ (for $A$ of full
-    row rank; otherwise only the $\mathcal R(A)$ part, Remark 5).
+    $f = Mu_p - Q - A^T\lambda_c$ (eq. 52). $M$, $Q$, $A$, $b$ are those of the
+    controller's `model`, evaluated at the plant's state: the model may differ
+    from the simulated plant (masses, lengths, forces), with the same numbers of
+    coordinates and constraint rows (checked before tracing).
 
-    **The PI loop** (eq. 50), in multiplier space: $\lambda_c = \lambda_d +
-    G_Fe_\lambda + G_I z$ with $e_\lambda = \lambda_d - \lambda$ and
-    $\dot z = e_\lambda$ (so $e_f = A^Te_\lambda$, Aghili's $\mathcal F_d -
-    \mathcal F$ up to the sign convention). *What is implemented.* `simulate`
-    passes only $(t, q, \dot q)$: a controller cannot measure the constraint force
-    and cannot carry the integrator state. The force is therefore the model's
-    prediction (eq. 32), and with it the loop is algebraic, $\lambda =
-    \lambda_c$ at every instant, which gives $(I + G_F)e_\lambda = -G_Iz$ and
-    $\dot z = -Kz$ with $K = (I + G_F)^{-1}G_I$: the integrator does not depend on
-    the plant and is integrated here in closed form, $z(t) = e^{-K(t - t_0)}z_0$.
-    The force error then follows eq. 50's law exactly,
+    **The PI loop** (eq. 50), in multiplier space:
 
-    $$(I + G_F)\dot e_\lambda + G_Ie_\lambda = 0, \qquad
-      e_\lambda(t) = -Ke^{-K(t - t_0)}z_0,$$
+    $$\lambda_c = \lambda_d + G_Fe_\lambda + G_Iz, \qquad
+      e_\lambda = \lambda_d - \lambda, \qquad \dot z = e_\lambda,$$
 
-    (and $(G_F + 1)\dot e_f + G_Ie_f = 0$ where $A$ is constant), from the
-    initial error set by the integrator's initial value `integral0` $= z_0$.
-    With `integral0=None` ($z_0 = 0$, the default) there is no transient:
-    $\lambda = \lambda_d$ from the start, and `gf`, `gi` have no effect. A
-    measured (sampled, delayed) force, where integral action matters, is outside
-    what a state-feedback `control` can express.
+    with $\lambda$ the plant's multipliers as the formulation computes them
+    (`measures = True`: the algebraic loop they form with the input is solved at
+    every evaluation, exactly, since the law is affine in $\lambda$; see
+    [`cdiff.control.AbstractStatefulController`][]) and $z$ the integrator, the
+    controller's state, integrated by the solver from $z(t_0) = $ `integral0`
+    and saved in `Solution.controller_state`. ($e_f = A^Te_\lambda$ is
+    Aghili's $\mathcal F_d - \mathcal F$ up to the sign convention.)
 
-    The force errors and the motion errors are decoupled (Sec. 7.3): the motion
-    follows the law of `ProjectedInverseDynamics` whatever $\lambda_d$.
+    **Closed loop.** The plant $M_p\ddot q = Q_p + f + A_p^T\lambda$,
+    $A_p\ddot q = b_p$ answers the force with the multipliers
+    $\lambda = \lambda_c + \delta$ when the controller's constraint Jacobian is
+    the plant's ($A = A_p$), where
+
+    $$\delta = (A_pM_p^{-1}A_p^T)^{-1}\big(b_p - A_pM_p^{-1}(Mu_p - Q + Q_p)\big)$$
+
+    is what the model's error adds to the commanded multipliers ($\delta = 0$ for
+    a perfect model, where $A u_p = b$; by eq. 32 the plant then realises
+    $\lambda = \lambda_c$, for $A$ of full row rank, otherwise only the
+    $\mathcal R(A)$ part, Remark 5). With the loop closed,
+
+    $$(I + G_F)\,e_\lambda = -G_Iz - \delta, \qquad
+      (I + G_F)\,\dot e_\lambda + G_Ie_\lambda = -\dot\delta .$$
+
+    - Perfect model ($\delta = 0$): eq. 50's law exactly, $e_\lambda(t) =
+      -Ke^{-K(t - t_0)}z_0$ with $K = (I + G_F)^{-1}G_I$
+      (`predicted_force_error`); from $z_0 = 0$ there is no error at all, and
+      `gf`, `gi` have no effect.
+    - Without integral action ($G_I = 0$) the error follows the model's error,
+      $e_\lambda = -(I + G_F)^{-1}\delta$, and stays where $\delta$ settles.
+    - With $G_I > 0$ it decays at eq. 50's rate $K$ once $\delta$ is constant
+      (e.g. a regulated motion at rest).
+
+    A formulation's multipliers include its constraint stabilisation
+    (Baumgarte's gains of [`cdiff.Lagrange`][], the $\Delta$ correction of
+    [`cdiff.UdwadiaKalaba`][]): $\delta$ then also holds that force, of the size
+    of the constraint drift. The loop is well posed for every $G_F \ge 0$
+    ($I - \partial\lambda/\partial\lambda_m = I + G_F$); with a controller
+    Jacobian $A \ne A_p$ (other link lengths) the loop gain is
+    $S = (A_pM_p^{-1}A_p^T)^{-1}A_pM_p^{-1}A^T$ instead of $I$ and needs
+    $I + SG_F$ nonsingular.
+
+    The force errors and the motion errors are decoupled (Sec. 7.3): with
+    $A = A_p$ the commanded $A^T\lambda_c$ changes only the multipliers, so the
+    motion does not depend on the force loop; with a perfect model it follows the
+    law of `ProjectedInverseDynamics` whatever $\lambda_d$.
 
     **Arguments:**
 
     - `model`, `reference`, `gp`, `gd`, `coordinates`, `rtol`, `tol`: as in
       [`cdiff.control.ProjectedInverseDynamics`][] (no `weight`: the total force
-      is fixed by the motion and the constraint force together).
+      is fixed by the motion and the constraint force together). `model` is the
+      controller's model, which need not be the simulated one.
     - `force_reference`: `force_reference(t) -> lambda_d`, desired multipliers,
       one per row of $A_v$, in cdiff's sign ($Q_{c,d} = A_v^T\lambda_d$, as
       `Solution.multipliers`).
     - `gf`, `gi`: PI gains $G_F \ge 0$, $G_I \ge 0$ (scalars, vectors or
-      matrices in multiplier space).
+      matrices in multiplier space); differentiable fields (e.g. for
+      [`cdiff.studies.tune`][]).
     - `integral0`: $z(t_0)$, shape `(k,)`, or `None` for zero.
-    - `t0`: the time at which the integrator holds `integral0` (default 0).
     """
 
     model: AbstractModel
@@ -373,10 +403,11 @@ class HybridForceMotion(_MotionController):
     gf: Any = 0.0
     gi: Any = 0.0
     integral0: Any = None
-    t0: Any = 0.0
     coordinates: Callable | None = None
     rtol: float | None = eqx.field(static=True, default=None)
     tol: float | None = eqx.field(static=True, default=None)
+
+    measures: ClassVar[bool] = True
 
     def __check_init__(self):
         name = type(self).__name__
@@ -385,14 +416,84 @@ class HybridForceMotion(_MotionController):
         _check_gain(name, "gf", self.gf, allow_zero=True)
         _check_gain(name, "gi", self.gi, allow_zero=True)
 
+    def _lambda_d(self, t, dtype):
+        return jnp.asarray(self.force_reference(t)).astype(dtype)
+
+    def init_state(self, t0, q0, v0):
+        r"""$z(t_0)$: `integral0`, or zeros (one per row of the force reference)."""
+        del v0
+        k = jax.eval_shape(self.force_reference, t0).shape[0]
+        if self.integral0 is None:
+            return jnp.zeros((k,), q0.dtype)
+        return jnp.broadcast_to(jnp.asarray(self.integral0).astype(q0.dtype), (k,))
+
+    def motion_acceleration(self, t, q, v):
+        r"""The commanded acceleration $u_p$ (eq. 44; $\ddot q = u_p$ in closed
+        loop with a perfect model)."""
+        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
+                                                          self.rtol))
+
+    def commanded_multipliers(self, t, state, measurement):
+        r"""$\lambda_c = \lambda_d + G_F(\lambda_d - \lambda_m) + G_Iz$ (eq. 50)
+        for the measured multipliers $\lambda_m$ and the integrator $z$."""
+        lam_d = self._lambda_d(t, measurement.dtype)
+        return (lam_d + _apply_gain(self.gf, lam_d - measurement)
+                + _apply_gain(self.gi, state.astype(measurement.dtype)))
+
+    def generalized_force(self, t, q, v, state, measurement):
+        r"""$f = f_\parallel + f_\perp = Mu_p - Q - A^T\lambda_c$ (eqs. 43, 49,
+        52) with the controller model's $M, Q, A$."""
+        name = type(self).__name__
+        shape = jax.eval_shape(self.model.mass_matrix, t, q).shape
+        if shape != (v.shape[0],) * 2:
+            raise ValueError(
+                f"{name}: the controller's model {type(self.model).__name__} has a "
+                f"mass matrix of shape {shape} at the plant's state with "
+                f"{v.shape[0]} velocities; the controller's model and the simulated "
+                "one must have the same coordinates."
+            )
+        terms = _terms(self.model, t, q, v, self.rtol)
+        measurement = jnp.asarray(measurement).astype(q.dtype)
+        if measurement.shape != terms.b.shape:
+            raise ValueError(
+                f"{name}: the plant has {measurement.shape[0]} constraint rows (A_v) "
+                f"and the controller's model {type(self.model).__name__} "
+                f"{terms.b.shape[0]}; they must have the same constraints."
+            )
+        lam_c = self.commanded_multipliers(t, state, measurement)
+        if lam_c.shape != terms.b.shape:
+            raise ValueError(
+                f"{name}: force_reference(t) has shape "
+                f"{jnp.shape(self.force_reference(t))}; the model has "
+                f"{terms.b.shape[0]} constraint rows (A_v)"
+            )
+        u_p = _motion_acceleration(self, t, q, v, terms)
+        x = terms.M @ u_p - terms.Q
+        f_par = terms.pinv.null_project(x)  # eq. 43
+        f_perp = (x - f_par) - terms.A.T @ lam_c  # eq. 49, cdiff's signs
+        return f_par + f_perp
+
+    def input(self, t, q, v, state, measurement):
+        """The input $u$ with $Eu = f$ (module docstring)."""
+        f = self.generalized_force(t, q, v, state, measurement)
+        return _to_input(self.model, t, q, f, self.tol, type(self).__name__)
+
+    def state_rate(self, t, q, v, state, measurement):
+        r"""$\dot z = e_\lambda = \lambda_d - \lambda_m$."""
+        del q, v
+        return (self._lambda_d(t, measurement.dtype) - measurement).astype(state.dtype)
+
     def _decay(self, k: int, dtype):
         """$K = (I + G_F)^{-1}G_I$."""
         eye = jnp.eye(k, dtype=dtype)
         return jnp.linalg.solve(eye + _gain_matrix(self.gf, k, dtype),
                                 _gain_matrix(self.gi, k, dtype))
 
-    def integral(self, t):
-        r"""The integrator state $z(t) = e^{-K(t - t_0)}z_0$ (closed form)."""
+    def predicted_force_error(self, t, t0=0.0):
+        r"""The multiplier error of a perfect model (controller model = plant):
+        $e_\lambda(t) = -Ke^{-K(t - t_0)}z_0$, $K = (I + G_F)^{-1}G_I$, from
+        $z(t_0) = $ `integral0` (the closed form of eq. 50's law; zero for
+        `integral0=None`). A reference for a simulation, not used by it."""
         lam_d = jnp.asarray(self.force_reference(t))
         dtype = jnp.result_type(lam_d.dtype, float)
         k = lam_d.shape[0]
@@ -400,36 +501,8 @@ class HybridForceMotion(_MotionController):
             return jnp.zeros((k,), dtype)
         z0 = jnp.broadcast_to(jnp.asarray(self.integral0).astype(dtype), (k,))
         K = self._decay(k, dtype)
-        dt = jnp.asarray(t).astype(dtype) - jnp.asarray(self.t0).astype(dtype)
-        return jsl.expm(-K * dt) @ z0
-
-    def force_error(self, t):
-        r"""The predicted multiplier error $e_\lambda(t) = \lambda_d - \lambda =
-        -Kz(t)$."""
-        z = self.integral(t)
-        return -self._decay(z.shape[0], z.dtype) @ z
-
-    def commanded_multipliers(self, t):
-        r"""$\lambda_c = \lambda_d + G_Fe_\lambda + G_Iz = \lambda_d - e_\lambda$
-        (eq. 50 with the algebraic loop solved)."""
-        lam_d = jnp.asarray(self.force_reference(t))
-        e = self.force_error(t)
-        return lam_d.astype(e.dtype) - e
-
-    def _force_and_terms(self, t, q, v):
-        r"""$f = f_\parallel + f_\perp = Mu_p - Q - A^T\lambda_c$ (eqs. 43, 49, 52)."""
-        terms = _terms(self.model, t, q, v, self.rtol)
-        u_p = _motion_acceleration(self, t, q, v, terms)
-        x = terms.M @ u_p - terms.Q
-        f_par = terms.pinv.null_project(x)  # eq. 43
-        lam_c = self.commanded_multipliers(t).astype(q.dtype)
-        if lam_c.shape != terms.b.shape:
-            raise ValueError(
-                f"HybridForceMotion: force_reference(t) has shape {lam_c.shape}; "
-                f"the model has {terms.b.shape[0]} constraint rows (A_v)"
-            )
-        f_perp = (x - f_par) - terms.A.T @ lam_c  # eq. 49, cdiff's signs
-        return f_par + f_perp, terms
+        dt = jnp.asarray(t).astype(dtype) - jnp.asarray(t0).astype(dtype)
+        return -K @ (jsl.expm(-K * dt) @ z0)
 
 
 class PassiveJoints(AbstractController):
@@ -485,6 +558,14 @@ class PassiveJoints(AbstractController):
     rtol: float | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
+        if not isinstance(self.controller, AbstractController):
+            raise TypeError(
+                "PassiveJoints: `controller` must be a controller without state (a "
+                f"cdiff.control.AbstractController), got "
+                f"{type(self.controller).__name__}; its f_perp is overwritten, so "
+                "wrap the motion controller (e.g. ProjectedInverseDynamics) instead "
+                "of HybridForceMotion."
+            )
         if self.actuated is None or isinstance(self.actuated, jax.core.Tracer):
             return
         mask = np.asarray(self.actuated)

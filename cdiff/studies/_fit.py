@@ -36,7 +36,7 @@ def tune(
     optimizer: optax.GradientTransformation | None = None,
     *,
     steps: int = 100,
-    trainable: Callable[[Any], Any] = eqx.is_inexact_array,
+    trainable: Callable[[Any], Any] | Any = eqx.is_inexact_array,
     progress: bool = True,
 ) -> Fit:
     """Minimise `loss(params)` by gradient descent with an optax optimiser.
@@ -53,8 +53,20 @@ def tune(
     - `params`: the starting point.
     - `optimizer`: an optax transformation, default `optax.adam(1e-2)`.
     - `steps`: number of optimiser steps.
-    - `trainable`: which leaves are optimised (`equinox.is_inexact_array` by
-      default: every floating-point array); the others are kept fixed.
+    - `trainable`: which leaves are optimised, as `equinox.partition`'s
+      `filter_spec`: a function of a leaf (`equinox.is_inexact_array` by default:
+      every floating-point array) or a pytree of booleans with the structure of
+      `params` (or a prefix of it); the other leaves are kept fixed. A controller
+      holds its model, whose parameters are floating-point arrays too: to tune
+      only some gains, e.g. the PI gains of a
+      [`cdiff.control.HybridForceMotion`][] through a closed-loop run on a plant
+      that is not its model,
+
+      ```python
+      spec = jax.tree.map(lambda _: False, ctrl)
+      spec = eqx.tree_at(lambda c: (c.gf, c.gi), spec, (True, True))
+      fit = cdiff.studies.tune(loss, ctrl, trainable=spec)
+      ```
     - `progress`: show a progress bar with the current loss (tqdm).
 
     **Returns:** a [`cdiff.studies.Fit`][] with the final `params` and the loss
@@ -73,6 +85,9 @@ def tune(
             "cdiff.studies.tune: params has no trainable leaves (floating-point "
             "arrays); pass floats or arrays as the fields to tune"
         )
+    # Strongly typed from the start: the optimiser's updates are, and a weakly
+    # typed start (a Python float) would compile the step a second time.
+    free = jax.tree.map(lambda x: jnp.asarray(x, dtype=jnp.result_type(x)), free)
     optimizer = optax.adam(1e-2) if optimizer is None else optimizer
     with jax.numpy_dtype_promotion("standard"):
         state = optimizer.init(free)
@@ -110,7 +125,9 @@ def tune(
     finally:
         if bar is not None:
             bar.close()
-    history.append(float(loss(eqx.combine(free, fixed))))
+    # The loss at the final parameters, from the compiled step (its update
+    # discarded): a closed-loop run would otherwise compile once more for it.
+    history.append(float(step(free, state)[2]))
     return Fit(eqx.combine(free, fixed), np.asarray(history))
 
 
