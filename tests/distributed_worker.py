@@ -26,7 +26,6 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 import numpy as np  # noqa: E402
-
 from test_chunked import final_state  # noqa: E402  (tests/ is on sys.path)
 
 # 32 pendulums (length r, initial angle theta0): 8 chunks of 4.
@@ -55,6 +54,7 @@ def main(process_id: int, port: int, checkpoint: Path, out: Path, mode: str):
                                initialization_timeout=60,
                                heartbeat_timeout_seconds=30)
     assert jax.process_count() == 2 and jax.process_index() == process_id
+    # private on purpose: map_batches with its report (chunks computed, loaded).
     from cdiff.studies._chunked import _sweep
 
     start = time.perf_counter()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -95,6 +96,82 @@ def slider_crank_saved(formulation, solver=None, t1=10.0, dt=1e-3, redundant=Fal
     return cdiff.simulate(Duplicated(model) if redundant else model, formulation,
                           q0, v0, t1=t1, dt=dt, solver=solver,
                           saveat=cdiff.SaveAt(ts=ts))
+
+
+@eqx.filter_jit
+def dynamics_at(model, formulation, q, v, control=None, dt=1e-3):
+    """A formulation's acceleration `vdot`, constraint force and multipliers at one
+    state `(q, v)`, through public names: the first saved row of a one-step
+    `cdiff.simulate` (`Solution` evaluates the formulation's dynamics at every saved
+    state, with the per-step data of a step `dt` starting there). Compiled once per
+    model and formulation structure, controller and `dt` (`eqx.filter_jit`: array
+    fields are traced, Python floats are static)."""
+    sol = cdiff.simulate(model, formulation, q, v, t1=dt, dt=dt, control=control,
+                         saveat=cdiff.SaveAt(t0=True), throw=False)
+    return sol.vdot[0], sol.constraint_force[0], sol.multipliers[0]
+
+
+# --- R2 in NumPy, derived by hand (independent of cdiff's autodiff kinematics) -----
+
+
+def slider_crank_numpy(q, v, m=1.0, l=1.0, g=9.81):
+    """R2's M, Q, constraint Jacobian A and the velocity term (dA/dt) v, differentiated
+    by hand from Braun-Goldfarb eq. 22 (see `cdiff.models.SliderCrank`)."""
+    _, _, t1, _, _, t2 = q
+    w1, w2 = v[2], v[5]
+    h = l / 2
+    s1, c1, s2, c2 = np.sin(t1), np.cos(t1), np.sin(t2), np.cos(t2)
+    M = np.diag([m, m, m * l**2 / 12, m, m, m * l**2 / 12])
+    Q = np.array([0.0, -m * g, 0.0, 0.0, -m * g, 0.0])
+    A = np.array([
+        [1, 0, h * s1, 0, 0, 0],
+        [0, 1, -h * c1, 0, 0, 0],
+        [1, 0, -h * s1, -1, 0, -h * s2],
+        [0, 1, h * c1, 0, -1, h * c2],
+        [0, 0, 0, 0, 1, h * c2],
+    ])
+    Adot_v = np.array([
+        h * c1 * w1**2,
+        h * s1 * w1**2,
+        -h * c1 * w1**2 - h * c2 * w2**2,
+        -h * s1 * w1**2 - h * s2 * w2**2,
+        -h * s2 * w2**2,
+    ])
+    return M, Q, A, Adot_v
+
+
+def kkt_numpy(M, Q, A, b):
+    """The acceleration and the minimum-norm multipliers of M qdd = Q + A^T lam,
+    A qdd = b, by least squares on the KKT matrix (numpy's SVD): qdd is unique on a
+    consistent system, and lstsq's minimum-norm solution makes lam the minimum-norm
+    choice also where A loses rank."""
+    n, k = A.shape[1], A.shape[0]
+    kkt = np.block([[M, -A.T], [A, np.zeros((k, k))]])
+    x = np.linalg.lstsq(kkt, np.concatenate([Q, b]), rcond=None)[0]
+    return x[:n], x[n:]
+
+
+def slider_crank_theta_ddot(theta, omega, g_over_l=9.81):
+    """R2's crank acceleration on the branch theta2 = -theta1 from its Lagrangian,
+    derived here by hand: T = (m l^2 / 2)(2/3 + 2 sin^2 theta) omega^2 (crank and rod,
+    centres at (l/2)(cos, sin) and (3l/2 cos, l/2 sin), rod angle -theta),
+    V = m g l sin theta. (Braun-Goldfarb write the same as eq. 24.)"""
+    inertia = 2.0 / 3.0 + 2.0 * np.sin(theta) ** 2
+    return -(2.0 * np.sin(theta) * np.cos(theta) * omega**2
+             + g_over_l * np.cos(theta)) / inertia
+
+
+def slider_crank_exact_scipy(ts, theta0=np.pi / 4, omega0=0.0, g_over_l=9.81):
+    """(theta1, omega1) of R2 at `ts` by scipy's DOP853 at rtol = atol = 1e-13 on
+    `slider_crank_theta_ddot` (independent of cdiff's reference solve)."""
+    from scipy.integrate import solve_ivp
+
+    ts = np.asarray(ts, dtype=float)
+    sol = solve_ivp(lambda t, y: [y[1], slider_crank_theta_ddot(y[0], y[1], g_over_l)],
+                    (0.0, float(ts[-1])), [theta0, omega0], method="DOP853",
+                    rtol=1e-13, atol=1e-13, t_eval=ts)
+    assert sol.success, sol.message
+    return sol.y[0], sol.y[1]
 
 
 def rk4_minimal_slider_crank(dt, t1=100.0):

@@ -17,6 +17,9 @@ import pytest
 from scipy.integrate import solve_ivp
 
 import cdiff
+
+# private on purpose: a spy solver wrapper and the kernel that hands the step-size
+# controller's tolerances to an implicit solver's root finder (no public names).
 from cdiff._solver.base import AbstractForwardingSolver, innermost
 from cdiff._solver.frozen import stepsize_tolerances
 

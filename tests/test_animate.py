@@ -222,6 +222,7 @@ def test_cli_animate(runs, tmp_path):
 
 
 def test_cli_animate_path_and_errors(tmp_path, capsys):
+    # private on purpose: where --animate writes, without running a simulation.
     parser = cli._parser()
     args = parser.parse_args(["run", "slider-crank", "--animate", "x/a.gif"])
     assert cli._animation_path(args, parser, SliderCrank()) == cli.Path("x/a.gif")

@@ -17,6 +17,9 @@ import numpy as np
 import pytest
 
 import cdiff
+
+# private on purpose: `map_batches` with the report of which chunks it computed
+# and loaded (and on which devices), which the public function does not return.
 from cdiff.studies._chunked import _sweep
 
 # Ten pendulums (length r, initial angle theta0): chunks of 4, 4 and 2 (padded).

@@ -11,7 +11,11 @@ import numpy as np
 import pytest
 
 import cdiff
+
+# private on purpose: the TeX-to-text converter of `cdiff list` and the figure
+# layout of `cdiff run` are kernels that no public call returns.
 from cdiff import _plain_text, _run_figure, cli
+
 
 def _table_value(out: str, key: str) -> float:
     match = re.search(rf"^{key}\s+(\S+)", out, re.MULTILINE)
@@ -176,12 +180,14 @@ def test_figure_of_a_long_run_windows_and_envelopes(tmp_path):
 def test_run_prints_table(short_run):
     code, out, _, _ = short_run
     assert code == 0
-    assert _table_value(out, "max constraint error") < 1e-6
-    assert _table_value(out, "max energy error") < 1e-4
-    assert _table_value(out, "max velocity constraint error") < 1e-4
+    # R2 over 0.5 s at dt = 1e-2, UK with constraint correction: measured 1.09e-8,
+    # 3.71e-6 J, 8.17e-8 and 4.57e-8 m.
+    assert _table_value(out, "max constraint error") < 1e-7
+    assert _table_value(out, "max energy error") < 3e-5
+    assert _table_value(out, "max velocity constraint error") < 8e-7
     assert "energy change" not in out and not re.search(
         r"^result", out, re.MULTILINE)
-    assert _table_value(out, "max observable error") < 1e-4
+    assert _table_value(out, "max observable error") < 4e-7
     assert _table_value(out, "steps") == 50
     assert _table_value(out, "dt") == pytest.approx(0.01)
     assert "(asked" not in out
@@ -202,8 +208,9 @@ def test_run_writes_figure_and_data(short_run):
         assert data["q"].shape == data["reference_q"].shape == (51, 6)
         assert data["q"].dtype == np.float64
         assert data["ts"][-1] == pytest.approx(0.5)
-        assert np.max(np.abs(data["holonomic_residual"])) < 1e-6
-        assert np.max(data["observable_error"]) < 1e-4
+        # As in the table above (measured 1.09e-8 and 4.57e-8).
+        assert np.max(np.abs(data["holonomic_residual"])) < 1e-7
+        assert np.max(data["observable_error"]) < 4e-7
         settings = json.loads(str(data["settings"]))
         residual, energy = data["holonomic_residual"], data["energy"]
     assert settings["formulation"] == "udwadia-kalaba"
@@ -217,8 +224,8 @@ def test_run_writes_figure_and_data(short_run):
         np.max(np.abs(residual)))
     assert settings["max_energy_error"] == pytest.approx(
         np.max(np.abs(energy - energy[0])))
-    assert 0 < settings["max_velocity_constraint_error"] < 1e-4
-    assert 0 < settings["max_observable_error"] < 1e-4
+    assert 0 < settings["max_velocity_constraint_error"] < 8e-7  # 8.17e-8
+    assert 0 < settings["max_observable_error"] < 4e-7  # 4.57e-8
 
 
 def test_float32_diverged_solve_reports_and_writes_the_rows_before(tmp_path,
@@ -253,14 +260,16 @@ def test_float32_diverged_solve_reports_and_writes_the_rows_before(tmp_path,
         _table_value(captured.out, "max energy error"), rel=1e-3)
 
 
-def test_beta_defaults_to_alpha():
-    parser = cli._parser()
-    args = parser.parse_args(["run", "slider-crank", "--formulation", "lagrange",
-                              "--alpha", "5"])
-    assert cli._formulation(args, parser) == cdiff.Lagrange(alpha=5.0, beta=5.0)
-    args = parser.parse_args(["run", "slider-crank", "--formulation", "lagrange",
-                              "--alpha", "5", "--beta", "2"])
-    assert cli._formulation(args, parser) == cdiff.Lagrange(alpha=5.0, beta=2.0)
+def test_beta_defaults_to_alpha(monkeypatch, tmp_path, capsys):
+    # (The two-step `_Pushed` model below: one quick compilation for both runs.)
+    monkeypatch.setitem(cli.MODELS, "pushed", _Pushed)
+    for gains, beta in ((["--alpha", "5"], 5.0), (["--alpha", "5", "--beta", "2"], 2.0)):
+        assert cli.main(["run", "pushed", "--formulation", "lagrange", *gains, "--out",
+                         str(tmp_path), "--no-progress"]) == 0
+        assert f"Lagrange(alpha=5.0, beta={beta})" in capsys.readouterr().out
+        with np.load(tmp_path / "pushed.npz") as data:
+            settings = json.loads(str(data["settings"]))
+        assert (settings["alpha"], settings["beta"]) == (5.0, beta)
 
 
 def test_unknown_model(capsys):
@@ -326,18 +335,20 @@ def test_library_value_error_is_a_user_error(monkeypatch, tmp_path, capsys):
     assert not (tmp_path / "broken.npz").exists()
 
 
-@pytest.mark.parametrize("extra", [["--formulation", "projection", "--inertia",
-                                    "Mc_sym"],
-                                   ["--formulation", "null-space", "--alpha", "5"],
-                                   ["--formulation", "projection", "--projection",
-                                    "newton"]])
-def test_other_formulations_run(extra, tmp_path, capsys):
+# Each with its bound on the constraint error of R1 over 0.2 s (measured 1.39e-13,
+# 1.79e-9 and 0: the Newton projection lands on the circle exactly).
+@pytest.mark.parametrize("extra, bound", [
+    (["--formulation", "projection", "--inertia", "Mc_sym"], 1e-12),
+    (["--formulation", "null-space", "--alpha", "5"], 1.5e-8),
+    (["--formulation", "projection", "--projection", "newton"], 1e-14),
+])
+def test_other_formulations_run(extra, bound, tmp_path, capsys):
     code = cli.main(["run", "particle-on-circle", "--t1", "0.2", "--out",
                      str(tmp_path), "--no-progress", *extra])
     out = capsys.readouterr().out
     assert code == 0
     line = next(x for x in out.splitlines() if x.startswith("max constraint error"))
-    assert float(line.split()[3]) < (1e-14 if "--projection" in extra else 1e-6)
+    assert float(line.split()[3]) < bound
 
 
 def test_dae_run_stops_at_the_singular_configuration(tmp_path, capsys):
@@ -478,7 +489,7 @@ def test_step_size_study_leaves_out_energy_correction_if_not_conservative(
         asked.update(formulations)
         raise _Stop
 
-    monkeypatch.setattr(cli._cli_study, "_sweep", lambda *a, **k: _Sweep())
+    monkeypatch.setattr(cdiff.studies, "gain_sweep", lambda *a, **k: _Sweep())
     monkeypatch.setattr(cdiff.studies, "step_size_study", study)
     with pytest.raises(_Stop):
         cli.main(["study", "step-size", model, "--t1", "1", "--dts", "0.1",

@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 import cdiff
+
+# private on purpose: tests the probe of the options the pinned jaxlib knows.
 from cdiff import _xla
 
 CPU = jax.default_backend() == "cpu"

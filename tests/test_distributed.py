@@ -15,11 +15,13 @@ import subprocess
 import sys
 import time
 
+import distributed_worker as worker
 import jax
 import numpy as np
 import pytest
 
-import distributed_worker as worker
+# private on purpose: `map_batches` with the report of which chunks it computed
+# and loaded (and on which devices), which the public function does not return.
 from cdiff.studies._chunked import _sweep
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),

@@ -16,6 +16,8 @@ import pytest
 from helpers import Exploding
 
 import cdiff
+
+# private on purpose: tests the model validator's own return value (the counts).
 from cdiff._model import check_model
 
 LAGRANGE = cdiff.Lagrange()

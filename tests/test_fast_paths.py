@@ -22,6 +22,8 @@ import pytest
 from helpers import Exploding
 
 import cdiff
+
+# private on purpose: this file tests the fast paths' kernels and route choices.
 from cdiff import _simulate, _xla
 from cdiff._formulation.base import Context
 

@@ -8,6 +8,7 @@ import pytest
 from helpers import (
     Duplicated,
     Skate,
+    dynamics_at,
     rk4_minimal_slider_crank,
     slider_crank_run,
 )
@@ -40,23 +41,31 @@ def test_slider_crank_constraint_correction_is_steady():
     assert sol.message == ""
     assert float(sol.dt) == pytest.approx(1e-2)
     phi = jnp.abs(sol.holonomic_residual)
-    assert _max(phi) <= 1e-6
+    assert _max(phi) <= 1e-7  # measured 1.22e-8
+    # Steady: the last 10 s no worse than twice the first (measured equal to 0.4%).
     first, last = _max(phi[:1000]), _max(phi[-1000:])
     assert last <= 2 * first
-    # The energy correction must not disturb the constraint errors (Fig. 3a-b).
+    # The energy correction must not disturb the constraint errors (Fig. 3a-b):
+    # measured 1.4% apart.
     plain = slider_crank_run(UK_C, 1e-2)
-    assert _max(plain.holonomic_residual) == pytest.approx(_max(phi), rel=0.2)
+    assert _max(plain.holonomic_residual) == pytest.approx(_max(phi), rel=0.15)
 
 
 def test_slider_crank_energy_correction_stops_drift():
     with_e = slider_crank_run(UK_CE, 1e-2)
     without = slider_crank_run(UK_C, 1e-2)
     err = jnp.abs(with_e.energy - with_e.energy[0])
-    # No growth: the last 10 s are no worse than twice the first 10 s.
+    # The README's figure: |E - E0| at 1.2e-6 over 100 s (measured 1.17e-6).
+    assert _max(err) < 1.5e-6
+    # No growth: the last 10 s are no worse than twice the first 10 s (measured
+    # equal to 0.3%).
     assert _max(err[-1000:]) <= 2 * _max(err[:1000])
-    # Without correction the energy drifts; with it, it stays 20x lower.
+    # Without correction the energy drifts; with it, it stays 20x lower (measured
+    # 2.68e-5 against 1.17e-6: 23x).
     assert _max(without.energy - without.energy[0]) > 20 * _max(err)
-    # The overall (slider) error improves too (Fig. 3d).
+    # The overall (slider) error improves too (Fig. 3d): measured 3.0e-5 m
+    # against 8.7e-4 m.
+    assert _slider_error(with_e) < 3e-4
     assert _slider_error(with_e) < 0.1 * _slider_error(without)
 
 
@@ -111,7 +120,9 @@ def test_slider_crank_large_step_claim():
     assert corrected < rk4_minimal
     assert corrected < no_energy
     assert corrected < best_lagrange
-    assert corrected < 0.1  # the Fig. 2 picture: it tracks the exact solution
+    # The Fig. 2 picture: it tracks the exact solution (measured 1.9e-2 m; the
+    # others 3.6, 4.0 and 3.0 m).
+    assert corrected < 0.1
 
 
 # --- R4: a thousand seconds through kinematic singularities (Figs. 6-7) ------------
@@ -128,10 +139,12 @@ def test_double_four_bar_long_run():
     assert bool(jnp.all(jnp.isfinite(sol.q)))
     ref = model.reference(ts[1:])
     err = jnp.max(jnp.abs(model.observable(sol.q[1:]) - model.observable(ref.q)))
-    # It really crosses the singular (horizontal) configuration, many times.
+    # It really crosses the singular configuration, as often as the exact motion.
     crossings = int(jnp.sum(jnp.diff(jnp.sign(ref.q[:, 5])) != 0))
-    assert crossings > 100
-    assert float(err) < 1e-2
+    assert crossings == 1030
+    assert int(jnp.sum(jnp.diff(jnp.sign(sol.q[1:, 5])) != 0)) == crossings
+    # docs/reference-mechanisms.md: joint error 2.37e-4 (measured here 2.37e-4).
+    assert float(err) < 2e-3
 
 
 # --- R1: Baumgarte stabilisation bounds the drift --------------------------------
@@ -147,30 +160,35 @@ def test_particle_on_circle_baumgarte():
         phi = jnp.abs(sol.holonomic_residual[:, 0])
         return _max(phi[: phi.shape[0] // 4]), _max(phi[-(phi.shape[0] // 4) :])
 
+    # Measured: unstabilised 4.8e-4 in the first quarter, 7.9e-3 in the last;
+    # stabilised 1.66e-6 and 1.64e-6.
     early, late = drift(0.0, 0.0)
     assert late > 10 * early  # unstabilised: the drift grows
     early_s, late_s = drift(5.0, 5.0)
     assert late_s <= 2 * early_s + 1e-12  # stabilised: bounded
-    assert late_s < 1e-2 * late
+    assert late_s < 1.6e-5
+    assert late_s < 1e-3 * late
 
 
 # --- Nonholonomic constraints ---------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "formulation, slip",
+    "formulation, error, slip",
     # Baumgarte holds the slip where its feedback balances RK4's local error;
     # the frozen Braun-Goldfarb correction removes it at every step, leaving one
-    # step's local error.
-    [(cdiff.Lagrange(alpha=2.0), 1e-9), (UK_C, 1e-10), (UK_CE, 1e-10)],
+    # step's local error. Measured (error, slip): Lagrange 6.4e-9, 2.3e-10;
+    # UK 3.0e-10, 2.7e-11; UK + energy 7.1e-9, 2.7e-11.
+    [(cdiff.Lagrange(alpha=2.0), 6e-8, 1e-9), (UK_C, 3e-9, 1e-10),
+     (UK_CE, 7e-8, 1e-10)],
     ids=repr,
 )
-def test_skate_matches_exact_solution(formulation, slip):
+def test_skate_matches_exact_solution(formulation, error, slip):
     model = Skate()
     q0, v0 = (jnp.asarray(x[0]) for x in Skate.exact(np.zeros(1)))
     sol = cdiff.simulate(model, formulation, q0, v0, t1=5.0, dt=1e-2)
     q_exact, _ = Skate.exact(np.asarray(sol.ts))
-    assert _max(sol.q - q_exact) < 1e-7
+    assert _max(sol.q - q_exact) < error
     assert _max(sol.velocity_residual) < slip
 
 
@@ -179,9 +197,10 @@ def test_skate_nonholonomic_drift_is_corrected():
     model = Skate()
     q0 = jnp.zeros(3)
     v0 = jnp.array([1.0, 0.1, 2.0])  # slipping sideways at 0.1 m/s
-    for formulation in (cdiff.Lagrange(alpha=10.0), UK_C):
+    # The slip left after 2 s: measured 6.2e-9 (Baumgarte), 2.7e-11 (UK).
+    for formulation, bound in ((cdiff.Lagrange(alpha=10.0), 6e-8), (UK_C, 2.5e-10)):
         sol = cdiff.simulate(model, formulation, q0, v0, t1=2.0, dt=1e-2)
-        assert _max(sol.velocity_residual[-1]) < 1e-6
+        assert _max(sol.velocity_residual[-1]) < bound
 
 
 # --- Agreement and redundancy -----------------------------------------------------
@@ -191,10 +210,12 @@ def test_formulations_agree_at_small_step():
     model = cdiff.models.SliderCrank()
     q0, v0 = model.initial_state()
     ref = model.reference(jnp.array([2.0])).q[-1]
-    for f in (cdiff.Lagrange(10.0, 10.0), UK_C, UK_CE):
+    # Measured 1.6e-10 (Baumgarte), 4.5e-12 (UK), 8.2e-12 (UK + energy).
+    for f, bound in ((cdiff.Lagrange(10.0, 10.0), 1.5e-9), (UK_C, 4e-11),
+                     (UK_CE, 8e-11)):
         sol = cdiff.simulate(model, f, q0, v0, t1=2.0, dt=1e-3,
                              saveat=cdiff.SaveAt(t1=True))
-        assert _max(sol.q[-1] - ref) < 1e-7, f
+        assert _max(sol.q[-1] - ref) < bound, f
 
 
 @pytest.mark.parametrize("formulation", [cdiff.Lagrange(10.0, 10.0), UK_CE], ids=repr)
@@ -204,22 +225,29 @@ def test_redundant_constraints_change_nothing(formulation):
     kw = dict(t1=3.0, dt=1e-2, saveat=cdiff.SaveAt(ts=jnp.linspace(0, 3, 31)))
     plain = cdiff.simulate(model, formulation, q0, v0, **kw)
     redundant = cdiff.simulate(Duplicated(model), formulation, q0, v0, **kw)
-    assert _max(plain.q - redundant.q) < 1e-9
+    # Round-off (measured 8.9e-15 for Baumgarte, 1.8e-15 for UK).
+    assert _max(plain.q - redundant.q) < 1e-13
 
 
-def test_kkt_at_the_singular_configuration_is_finite():
-    """At theta1 = -pi/2 the Jacobian of R2 loses rank; the acceleration is finite."""
+def test_kkt_at_the_singular_configuration():
+    """At theta1 = -pi/2 the Jacobian of R2 loses rank. Moving along the branch
+    theta2 = -theta1 at 3 rad/s, the acceleration is finite and exact: eq. 24 gives
+    theta1'' = 0 there (sin 2 theta1 = cos theta1 = 0), so both centres of mass
+    accelerate by (l/2) omega^2 = 4.5 m/s^2 upwards and nothing else moves:
+    qdd = [0, 4.5, 0, 0, 4.5, 0]."""
     model = cdiff.models.SliderCrank()
     th = -jnp.pi / 2
     q = jnp.array([0.0, -0.5, th, 0.0, -0.5, -th])
     v = jnp.array([0.5 * 3.0, 0.0, 3.0, 0.5 * 3.0 * 3, 0.0, -3.0])
-    context = cdiff._formulation.base.Context(model, None, model.energy(0.0, q, v))
     kin = cdiff.kinematics(model, 0.0, q, v)
     assert np.linalg.matrix_rank(np.asarray(kin.A_q)) == 4
+    exact = np.array([0.0, 4.5, 0.0, 0.0, 4.5, 0.0])
     for f in (cdiff.Lagrange(5.0, 5.0), UK_CE):
-        frozen = f.freeze(0.0, 1e-2, (q, v), context)
-        _, dv = f.vector_field(0.0, (q, v), context, frozen)
-        assert bool(jnp.all(jnp.isfinite(dv)))
+        # The formulation's dynamics at (q, v), its per-step data taken with the
+        # step dt = 1e-2 from there (the energy correction's E0 is E(q, v)).
+        qdd, _, _ = dynamics_at(model, f, q, v, dt=1e-2)
+        # Round-off (measured 2.5e-15 and 8.9e-15).
+        np.testing.assert_allclose(qdd, exact, rtol=0, atol=1e-13)
 
 
 def test_control_enters_through_the_input_matrix():
@@ -234,7 +262,8 @@ def test_control_enters_through_the_input_matrix():
     model = Driven(g=9.81)
     q0, v0 = model.initial_state()
     torque = lambda t, q, v: jnp.stack([2.0 + jnp.sin(3.0 * t)])  # noqa: E731
-    for f in (cdiff.Lagrange(10.0, 10.0), UK_C):
+    # Measured 6.3e-11 (Baumgarte), 5.8e-12 (UK).
+    for f, bound in ((cdiff.Lagrange(10.0, 10.0), 6e-10), (UK_C, 6e-11)):
         sol = cdiff.simulate(model, f, q0, v0, t1=2.0, dt=1e-3, control=torque,
                              saveat=cdiff.SaveAt(t1=True))
         phi = jnp.arctan2(sol.q[-1, 1], sol.q[-1, 0])
@@ -246,7 +275,7 @@ def test_control_enters_through_the_input_matrix():
 
         exact = solve_ivp(rhs, (0, 2), [0.0, model.speed / model.rho], rtol=1e-12,
                           atol=1e-12, method="DOP853").y[0, -1]
-        assert abs(float(phi) - np.arctan2(np.sin(exact), np.cos(exact))) < 1e-8
+        assert abs(float(phi) - np.arctan2(np.sin(exact), np.cos(exact))) < bound
 
 
 # --- diffrax's adaptive solvers, explicit and implicit --------------------------

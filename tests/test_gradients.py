@@ -69,6 +69,16 @@ def _case(case, adjoint=None):
     return _loss(**CASES[case], adjoint=adjoint)
 
 
+# Per case: the relative bound on reverse and forward mode against the central
+# differences, about 10 times the measured differences (reverse, forward; the
+# larger of the two parameter values): Lagrange 1.3e-10, 1.3e-10; UK 1.7e-11,
+# 1.8e-11 (the differences' round-off, ~eps |loss| / delta); Projection 5.5e-9,
+# 5.5e-9; NullSpace 3.8e-7, 3.7e-7; Projected(Newton) 4.0e-7, 3.8e-7; GGL + BDF
+# 4.5e-6, 2.4e-6 (BDF's adaptive steps: the differences themselves are noisy).
+RTOL = {"lagrange": 1.3e-9, "udwadia-kalaba": 2e-10, "projection": 5e-8,
+        "null-space": 4e-6, "projected-newton": 4e-6, "ggl-bdf": 1e-5}
+
+
 @pytest.mark.parametrize("case", [*CASES, "ggl-bdf"])
 def test_gradient_matrix(case):
     loss = _case(case)
@@ -83,12 +93,11 @@ def test_gradient_matrix(case):
     values, reverse = np.asarray(values), np.asarray(grads[:2])
     forward = np.asarray(jax.jit(jax.vmap(jax.jacfwd(forward_loss)))(params))
     fd = (values[2:4] - values[4:]) / (2 * delta)
-    assert np.all(np.isfinite(reverse)) and np.all(np.isfinite(forward))
-    np.testing.assert_allclose(reverse, fd, rtol=1e-5)
-    np.testing.assert_allclose(forward, fd, rtol=1e-5)
+    np.testing.assert_allclose(reverse, fd, rtol=RTOL[case])
+    np.testing.assert_allclose(forward, fd, rtol=RTOL[case])
 
 
-def test_gradients_finite_through_the_double_four_bar_singularity():
+def test_gradients_through_the_double_four_bar_singularity():
     # R4 passes its singular configuration (all links horizontal, y1 = 0) at
     # t = 0.71, 1.23 and 2.66 s (exact reference).
     def loss(length):
@@ -99,7 +108,10 @@ def test_gradients_finite_through_the_double_four_bar_singularity():
         return jnp.sum(sol.q[-1] ** 2)
 
     d = 1e-5
+    lengths = jnp.array([1.0, 1.2])
     values, grads = jax.jit(jax.vmap(jax.value_and_grad(loss)))(
-        jnp.array([1.0, 1.2, 1.0 + d, 1.0 - d]))
-    assert np.all(np.isfinite(np.asarray(grads)))
-    np.testing.assert_allclose(grads[0], (values[2] - values[3]) / (2 * d), rtol=1e-5)
+        jnp.concatenate([lengths, lengths + d, lengths - d]))
+    fd = (values[2:4] - values[4:]) / (2 * d)
+    # Finite, and the central differences' value at both lengths (measured 2.1e-9
+    # and 2.2e-9 relative).
+    np.testing.assert_allclose(grads[:2], fd, rtol=2e-8)

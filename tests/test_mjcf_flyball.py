@@ -1,6 +1,6 @@
 """IFToMM A05, the stiff flyball governor (cdiff/models/mjcf/flyball_governor.xml):
 the file through MuJoCo's C engine and through cdiff.models.from_mujoco and
-cdiff.simulate, against the hand-derived reduction in cdiff.models._library
+cdiff.simulate, against the hand-derived reduction in cdiff.models' library
 (flyball_governor_equations, flyball_governor_reference) and against the benchmark's
 reference curve as published in a plot."""
 
@@ -15,12 +15,15 @@ import pytest
 from helpers import mjx_jit
 
 import cdiff
+
+# No public names: the hand-derived equations and references of the library's
+# mechanisms (the tests' independent references) live in the private module.
 from cdiff.models import _library as library
 
 mujoco = pytest.importorskip("mujoco")
 
 NAME = "iftomm-a05-flyball-governor"
-ENTRY = library.MJCF_LIBRARY[NAME]
+ENTRY = cdiff.models.MJCF_LIBRARY[NAME]
 
 # The benchmark's reference values of the slider height s (m) at t = 0.1, 0.2, ...,
 # 3.0 s, read off the plot "5MBS_PlotResults" of the MBSbenchmarksInOpenSim project
@@ -198,7 +201,7 @@ def test_c_engine_rk4_at_the_files_step():
 
 @functools.cache
 def _model():
-    from cdiff.models._mujoco import from_mujoco
+    from cdiff.models import from_mujoco
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing of the file is left out
@@ -266,7 +269,7 @@ def test_acceptance_rk4():
     """10 s with UdwadiaKalaba and RK4 at the registry's step (40,000 steps),
     outputs every 0.1 s (the rate of the published reference curve)."""
     pytest.importorskip("mujoco.mjx")
-    out = library.acceptance(NAME)
+    out = cdiff.models.acceptance(NAME)
     # Measured: 2.8e-11 m (s), 4.0e-11 (q), 2.1e-8 (v), 7.2e-11 J; 106 to 141 s here
     # (about 55 s to compile, 25 s of steps, 12 s for the references).
     assert out["s_error"] < 3e-10
@@ -281,7 +284,7 @@ def test_acceptance_bdf():
     """10 s with cdiff.Lagrange and cdiff.BDF, an implicit solver whose steps the
     stiffness does not limit."""
     pytest.importorskip("mujoco.mjx")
-    out = library.acceptance(NAME, cdiff.Lagrange(),
+    out = cdiff.models.acceptance(NAME, cdiff.Lagrange(),
                              solver=cdiff.BDF(rtol=1e-8, atol=1e-8))
     # Measured: 1.3e-6 m (s), 1.5e-5 (q: the phase of phi), 8.2e-6 (v), 2.5e-4 J;
     # 139 s here, nearly all compilation (at 1e-10, reusing it: 2.8e-8 m (s),

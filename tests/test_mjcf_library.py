@@ -14,14 +14,18 @@ import pytest
 from helpers import mjx_jit
 
 import cdiff
+
+# No public names: the hand-derived equations and references of the library's
+# mechanisms (the tests' independent references) live in the private module.
 from cdiff.models import _library as library
 
 mujoco = pytest.importorskip("mujoco")
 
-NAMES = sorted(library.MJCF_LIBRARY)
+NAMES = sorted(cdiff.models.MJCF_LIBRARY)
 # The conservative reductions (A05's dampers dissipate: tests/test_mjcf_flyball.py
 # checks its reference).
-REDUCTIONS = [n for n in NAMES if library.MJCF_LIBRARY[n].reference_kind == "reduction"
+REDUCTIONS = [n for n in NAMES
+              if cdiff.models.MJCF_LIBRARY[n].reference_kind == "reduction"
               and n != "iftomm-a05-flyball-governor"]
 
 # nq, equality rows, and the rows that are identically zero (the out-of-plane rows
@@ -39,7 +43,7 @@ LAYOUT = {
 
 @functools.cache
 def _compiled(name):
-    m = mujoco.MjModel.from_xml_path(str(library.mjcf_path(name)))
+    m = mujoco.MjModel.from_xml_path(str(cdiff.models.mjcf_path(name)))
     m.opt.jacobian = mujoco.mjtJacobian.mjJAC_DENSE
     return m
 
@@ -59,12 +63,12 @@ def _forward(name, qpos=None, qvel=None):
 
 
 def test_registry():
-    for name, entry in library.MJCF_LIBRARY.items():
+    for name, entry in cdiff.models.MJCF_LIBRARY.items():
         assert entry.path.is_file(), entry.path
-        assert library.mjcf_path(name) == entry.path
+        assert cdiff.models.mjcf_path(name) == entry.path
         assert (entry.reference is None) == (entry.reference_kind == "conservation")
     with pytest.raises(KeyError, match="slider-crank-mjcf"):
-        library.mjcf_path("no-such-mechanism")
+        cdiff.models.mjcf_path("no-such-mechanism")
     with pytest.raises(ValueError, match="0.03"):
         library.andrews_squeezer_reference([0.02])
     # R4 is the N four-bar mechanism with N = 2.
@@ -101,7 +105,7 @@ def test_reference_is_a_motion_of_the_file(name):
     """The reduction's states lie on the file's constraint manifold (positions and
     velocities) and keep the energy MuJoCo computes for the file: the reduction
     and the file describe the same mechanism."""
-    entry = library.MJCF_LIBRARY[name]
+    entry = cdiff.models.MJCF_LIBRARY[name]
     ts = np.linspace(0.0, entry.t1, 21)[1:]
     ref = entry.reference(ts)
     _, _, _, e0 = _forward(name)
@@ -203,17 +207,17 @@ def test_andrews_file_has_hairer_wanners_equations():
 # 150 s (A03) here, against a few seconds for a hand-written model: R2's test is
 # marked slow, R4's and A03's `acceptance` (outside the default run: `pytest -m
 # acceptance`; the files themselves are checked against their references above).
-# A02 and A04 (10 minutes and more) are run by cdiff.models._library.acceptance.
+# A02 and A04 (10 minutes and more) are run by cdiff.models.acceptance.
 
 
 @functools.cache
 def _model(name):
     pytest.importorskip("mujoco.mjx")
-    from cdiff.models._mujoco import from_mujoco
+    from cdiff.models import from_mujoco
 
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # nothing of the files is left out
-        return from_mujoco(library.mjcf_path(name))
+        return from_mujoco(cdiff.models.mjcf_path(name))
 
 
 @pytest.mark.parametrize("name", NAMES)

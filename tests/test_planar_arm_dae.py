@@ -15,6 +15,9 @@ from helpers import stack_curves
 from ida_reference import ida_solve
 
 import cdiff
+
+# private on purpose: IndexOne's DAE residual (fed to SUNDIALS IDA below) takes the
+# solve's Context, which has no public name.
 from cdiff._formulation.base import Context
 from cdiff.models import PlanarArmOnCurve
 

@@ -7,11 +7,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Body, quat_exp, quat_mul, rotation
 
 import cdiff
-from cdiff.models._reference import solve_minimal
 
-from helpers import Body, quat_exp, quat_mul, rotation
+# No public name: cdiff's reference solver (Dopri8 at 1e-12), used for this file's
+# own minimal ODEs.
+from cdiff.models._reference import solve_minimal
 
 
 def _pendulum_rhs(t, y, args):

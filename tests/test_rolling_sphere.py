@@ -12,9 +12,12 @@ from jax.scipy.linalg import expm
 from scipy.spatial.transform import Rotation
 
 import cdiff
-from cdiff._kinematics import kinematics
+from cdiff import kinematics
+from cdiff.models import RollingSphere
+
+# No public name: cdiff's reference solver (Dopri8 at 1e-12), used for this file's
+# own minimal ODE of the free sphere.
 from cdiff.models._reference import solve_minimal
-from cdiff.models._rolling_sphere import RollingSphere
 
 T1, DT = 10.0, 0.01
 TS = jnp.linspace(0.0, T1, 1001)  # every step

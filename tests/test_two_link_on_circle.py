@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import cdiff
-from cdiff.models._two_link_on_circle import TwoLinkOnCircle
+from cdiff.models import TwoLinkOnCircle
 
 T1 = 2.0
 TS = jnp.linspace(0.0, T1, 201)  # every 0.01 s
