@@ -1,6 +1,7 @@
 """The `cdiff` command line, called in-process through `cdiff.cli.main`."""
 
 import contextlib
+import dataclasses
 import io
 import json
 import re
@@ -500,3 +501,286 @@ def test_step_size_study_leaves_out_energy_correction_if_not_conservative(
     assert "UK, constraint correction" in asked
     skipped = f"leaving out {row!r}: snakeboard is not conservative"
     assert (skipped in out) is not energy_row
+
+
+# The options that reach `cdiff.simulate`: each run's call is caught (the fake below
+# stops the command there, before compilation) and compared with the objects the
+# option documents; `test_regularized_run_equals_a_direct_simulate` checks one such
+# run's files against a direct call.
+
+
+class _Bead(cdiff.AbstractModel):
+    """A bead of mass diag(1, 2) on the unit circle q.q = 1, under gravity 1 along
+    -q2: one holonomic constraint, an energy, conservative; four steps, no
+    reference."""
+
+    default_t1: ClassVar[float] = 0.2
+    default_dt: ClassVar[float] = 0.05
+
+    def mass_matrix(self, t, q):
+        return jnp.diag(jnp.array([1.0, 2.0], dtype=q.dtype))
+
+    def forces(self, t, q, v):
+        return jnp.array([0.0, -2.0], dtype=q.dtype)
+
+    def holonomic(self, t, q):
+        return jnp.stack([q @ q - 1.0])
+
+    def energy(self, t, q, v):
+        return 0.5 * (v[0] ** 2 + 2 * v[1] ** 2) + 2 * q[1]
+
+    def initial_state(self):
+        return jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0])
+
+
+class _Simulated(Exception):
+    """Raised by the fake `cdiff.simulate` with what `cdiff run` called it with."""
+
+    def __init__(self, model, formulation, q0, v0, kwargs):
+        super().__init__("cdiff.simulate called")
+        self.model, self.formulation, self.kwargs = model, formulation, kwargs
+
+
+class _Terminal(io.StringIO):
+    """A stderr that says it is a terminal (the progress bar's condition)."""
+
+    def isatty(self):
+        return True
+
+
+def _simulate_call(argv, monkeypatch, out, terminal=False) -> _Simulated:
+    """What `cdiff run *argv` passes to `cdiff.simulate` (stopped there)."""
+    def fake(model, formulation, q0, v0, **kwargs):
+        raise _Simulated(model, formulation, q0, v0, kwargs)
+
+    monkeypatch.setitem(cli.MODELS, "bead", _Bead)
+    monkeypatch.setattr(cdiff, "simulate", fake)
+    stderr = _Terminal() if terminal else io.StringIO()
+    with pytest.raises(_Simulated) as info, contextlib.redirect_stderr(stderr):
+        cli.main(["run", *argv, "--out", str(out)])
+    return info.value
+
+
+@pytest.mark.parametrize("argv, formulation, solver", [
+    (["--energy-correction"], cdiff.UdwadiaKalaba(energy_correction=True), None),
+    (["--no-constraint-correction"], cdiff.UdwadiaKalaba(constraint_correction=False),
+     None),
+    # The defaults of --eps and --horizon (1e-8 and 1e-2, as the help says), then
+    # both given.
+    (["--formulation", "regularized"], cdiff.Regularized(eps=1e-8, h=1e-2), None),
+    (["--formulation", "regularized", "--eps", "1e-4", "--horizon", "0.05"],
+     cdiff.Regularized(eps=1e-4, h=0.05), None),
+    (["--formulation", "projection"], cdiff.Projection(inertia="Mc"), None),
+    (["--formulation", "projection", "--inertia", "Mc"], cdiff.Projection(), None),
+    (["--formulation", "projection", "--inertia", "Mc_gamma"],
+     cdiff.Projection(inertia="Mc_gamma"), None),
+    (["--projection", "newton-weighted"], cdiff.UdwadiaKalaba(),
+     cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection(mass_weighted=True))),
+    (["--projection", "gradient"], cdiff.UdwadiaKalaba(),
+     cdiff.Projected(cdiff.RK4(), cdiff.GradientProjection())),
+    (["--formulation", "lagrange", "--alpha", "3", "--projection", "gradient-second"],
+     cdiff.Lagrange(alpha=3.0, beta=3.0),
+     cdiff.Projected(cdiff.RK4(), cdiff.GradientProjection(partition="second"))),
+    # The DAEs: BDF at its default tolerances (1e-8, as the help says), and
+    # --rtol and --atol each where it belongs.
+    (["--formulation", "index-one"], cdiff.IndexOne(), cdiff.BDF(1e-8, 1e-8)),
+    (["--formulation", "index-one", "--rtol", "1e-5", "--atol", "1e-7"],
+     cdiff.IndexOne(), cdiff.BDF(rtol=1e-5, atol=1e-7)),
+    (["--formulation", "ggl-no-inverse", "--atol", "1e-6"],
+     cdiff.GGL(variant="no_inverse"), cdiff.BDF(rtol=1e-8, atol=1e-6)),
+])
+def test_run_options_reach_simulate(argv, formulation, solver, monkeypatch,
+                                    tmp_path):
+    call = _simulate_call(["bead", "--t1", "0.3", "--dt", "0.1", *argv], monkeypatch,
+                          tmp_path)
+    # (As `simulate` binds it: the DAEs settle their sizes from the start.)
+    formulation = formulation.bind(_Bead(), 0.0, *_Bead().initial_state())
+    assert type(call.formulation) is type(formulation)
+    assert call.formulation == formulation, (call.formulation, formulation)
+    assert call.kwargs["solver"] == solver
+    assert (call.kwargs["t0"], call.kwargs["t1"], call.kwargs["dt"]) == (0.0, 0.3, 0.1)
+
+
+def test_no_progress_turns_the_progress_bar_off_on_a_terminal(monkeypatch,
+                                                               tmp_path):
+    # On a terminal the bar is shown unless --no-progress; never with BDF (which
+    # has none: simulate refuses progress=True there).
+    for argv, progress in [([], True), (["--no-progress"], False),
+                           (["--formulation", "ggl"], False)]:
+        call = _simulate_call(["bead", *argv], monkeypatch, tmp_path,
+                              terminal=True)
+        assert call.kwargs["progress"] is progress, argv
+    # Not on a terminal (a pipe, a file): no bar.
+    assert _simulate_call(["bead"], monkeypatch, tmp_path).kwargs["progress"] is False
+
+
+def test_curve_builds_the_arm_on_that_curve(monkeypatch, tmp_path):
+    # (Stopped before the solve: the arm is only built and checked. Its arrays
+    # are traced there; its curve, a static field, is not.)
+    for argv, curve in [([], "line_x1"), (["--curve", "circle"], "circle"),
+                        (["--curve", "line_x0"], "line_x0")]:
+        call = _simulate_call(["planar-arm-on-curve", *argv], monkeypatch, tmp_path)
+        assert type(call.model) is cdiff.models.PlanarArmOnCurve
+        assert call.model.curve == curve, argv
+        # Started after the release of the holding torques (an RK4 run).
+        assert call.kwargs["t0"] == 0.5
+
+
+def test_regularized_run_equals_a_direct_simulate(monkeypatch, tmp_path, capsys):
+    # --eps and --horizon end to end: the rows written are those of a direct
+    # cdiff.simulate call with Regularized(eps=1e-4, h=0.05) (far from the
+    # defaults 1e-8 and 1e-2: measured 1e-4 apart in q after four steps).
+    monkeypatch.setitem(cli.MODELS, "bead", _Bead)
+    assert cli.main(["run", "bead", "--formulation", "regularized", "--eps", "1e-4",
+                     "--horizon", "0.05", "--out", str(tmp_path),
+                     "--no-progress"]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^formulation\s+regularized: Regularized\(eps=0\.0001, "
+                     r"h=0\.05\)$", out, re.MULTILINE)
+    q0, v0 = _Bead().initial_state()
+    sol = cdiff.simulate(_Bead(), cdiff.Regularized(eps=1e-4, h=0.05), q0, v0,
+                         t1=0.2, dt=0.05)
+    with np.load(tmp_path / "bead.npz") as data:
+        settings = json.loads(str(data["settings"]))
+        np.testing.assert_array_equal(data["ts"], sol.ts)
+        # (The same computation: measured equal.)
+        for key in ("q", "v", "holonomic_residual", "energy"):
+            np.testing.assert_allclose(data[key], getattr(sol, key), rtol=1e-12,
+                                       atol=1e-15, err_msg=key)
+    assert settings["formulation_repr"] == "Regularized(eps=0.0001, h=0.05)"
+    # The regularisation leaves a constraint error of the order of eps (measured
+    # 2.1e-4), against 5.5e-9 for the default udwadia-kalaba.
+    assert 1e-5 < _table_value(out, "max constraint error") < 1e-3
+
+
+class _Swept(Exception):
+    """Raised by the fake studies with what `cdiff study` called them with."""
+
+
+def _study_calls(argv, monkeypatch, out) -> dict:
+    """The arguments `cdiff study *argv` passes to `cdiff.studies.gain_sweep` and
+    `step_size_study` (stopped at the last one it calls)."""
+    calls = {}
+
+    class _Sweep:
+        def best_formulation(self):
+            return cdiff.Lagrange()
+
+    def gain_sweep(model, formulation, gains, dts, t1, **kwargs):
+        calls["gain_sweep"] = dict(formulation=formulation, gains=gains, dts=dts,
+                                   t1=t1, **kwargs)
+        if argv[0] == "gains":
+            raise _Swept
+        return _Sweep()
+
+    def step_size_study(model, formulations, dts, t1, **kwargs):
+        calls["step_size_study"] = dict(formulations=formulations, dts=dts, t1=t1,
+                                        **kwargs)
+        raise _Swept
+
+    monkeypatch.setattr(cdiff.studies, "gain_sweep", gain_sweep)
+    monkeypatch.setattr(cdiff.studies, "step_size_study", step_size_study)
+    with pytest.raises(_Swept), contextlib.redirect_stdout(io.StringIO()):
+        cli.main(["study", *argv, "--out", str(out)])
+    return calls
+
+
+def test_study_n_save_and_no_time_each(monkeypatch, tmp_path):
+    common = ["step-size", "slider-crank", "--t1", "2", "--dts", "0.1", "0.05"]
+    calls = _study_calls(common, monkeypatch, tmp_path)
+    # The defaults: errors measured every 0.1 s (20 times over 2 s), each step
+    # size also timed alone.
+    assert calls["gain_sweep"]["n_save"] == calls["step_size_study"]["n_save"] == 20
+    assert calls["step_size_study"]["time_each"] is True
+    assert calls["step_size_study"]["dts"] == [0.1, 0.05]
+    calls = _study_calls([*common, "--n-save", "7", "--no-time-each"], monkeypatch,
+                         tmp_path)
+    assert calls["gain_sweep"]["n_save"] == calls["step_size_study"]["n_save"] == 7
+    assert calls["step_size_study"]["time_each"] is False
+    # The gains study measures the same way.
+    calls = _study_calls(["gains", "slider-crank", "--t1", "0.5", "--dts", "0.1",
+                          "--n-save", "3"], monkeypatch, tmp_path)
+    assert calls["gain_sweep"]["n_save"] == 3
+    assert _study_calls(["gains", "slider-crank", "--t1", "0.5", "--dts", "0.1"],
+                        monkeypatch, tmp_path)["gain_sweep"]["n_save"] == 5
+
+
+def test_study_gains_formulation(monkeypatch, tmp_path):
+    common = ["gains", "particle-on-circle", "--t1", "1", "--dts", "0.1",
+              "--alphas", "1", "4"]
+    # lagrange (the default): alpha and beta swept, beta over the alphas unless
+    # --betas; null-space: alpha only (Yun-Sarkar's gain).
+    for argv, formulation, gains in [
+        ([], cdiff.Lagrange(), {"alpha": [1.0, 4.0], "beta": [1.0, 4.0]}),
+        (["--betas", "2"], cdiff.Lagrange(), {"alpha": [1.0, 4.0], "beta": [2.0]}),
+        (["--formulation", "null-space"], cdiff.NullSpace(), {"alpha": [1.0, 4.0]}),
+    ]:
+        sweep = _study_calls([*common, *argv], monkeypatch, tmp_path)["gain_sweep"]
+        assert sweep["formulation"] == formulation, argv
+        assert sweep["gains"] == gains, argv
+        # The model has a reference: the best gains are those of least error.
+        assert sweep["metric"] == "max_error"
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["run", "slider-crank", "--formulation", "lagrange", "--horizon", "0.1"],
+     ["--eps and --horizon apply to --formulation regularized only"]),
+    (["run", "slider-crank", "--formulation", "regularized", "--eps", "0"],
+     ["--eps", "must be a positive finite number, got 0"]),
+    (["run", "slider-crank", "--formulation", "regularized", "--horizon", "-1"],
+     ["--horizon", "must be a positive finite number, got -1"]),
+    (["run", "slider-crank", "--formulation", "regularized", "--energy-correction"],
+     ["--energy-correction do not apply to --formulation regularized"]),
+    (["run", "slider-crank", "--formulation", "index-one", "--projection", "newton",
+      "--no-constraint-correction"],
+     ["--no-constraint-correction, --projection do not apply to --formulation "
+      "index-one"]),
+    (["run", "slider-crank", "--formulation", "projection",
+      "--no-constraint-correction"],
+     ["--no-constraint-correction apply to --formulation udwadia-kalaba only"]),
+    (["run", "slider-crank", "--formulation", "ggl-no-inverse", "--atol", "0"],
+     ["--atol", "must be a positive finite number, got 0"]),
+    (["run", "slider-crank", "--atol", "1e-6"],
+     ["--rtol and --atol apply to the DAE formulations (ggl, ggl-no-inverse, "
+      "index-one) only"]),
+    (["run", "slider-crank", "--formulation", "projection", "--inertia", "M"],
+     ["--inertia", "invalid choice: 'M'", "'Mc_gamma'"]),
+    (["run", "planar-arm-on-curve", "--curve", "ellipse"],
+     ["--curve", "invalid choice: 'ellipse'", "'line_x1'"]),
+    (["run", "no-such-file.xml"], ["no such file: no-such-file.xml"]),
+    (["study", "gains", "slider-crank", "--formulation", "null-space", "--betas",
+      "1"], ["--betas apply to --formulation lagrange only"]),
+    (["study", "gains", "slider-crank", "--formulation", "projection"],
+     ["--formulation", "invalid choice: 'projection'", "'null-space'"]),
+    (["study", "gains", "slider-crank", "--alphas", "1", "-1"],
+     ["--alphas", "must be a non-negative finite number, got -1"]),
+    (["study", "step-size", "slider-crank", "--n-save", "0"],
+     ["--n-save must be a positive integer"]),
+    (["study", "gains", "slider-crank", "--n-save", "2.5"],
+     ["--n-save", "invalid int value: '2.5'"]),
+    (["study", "step-size", "slider-crank", "--dts", "0.1", "0.05", "0.1"],
+     ["--dts values must be distinct"]),
+    (["study", "step-size", "slider-crank", "--t1", "1", "--dts", "0.5", "2"],
+     ["every --dts value must be at most --t1 = 1.0"]),
+])
+def test_bad_option_values_are_named(argv, words, tmp_path, capsys):
+    code, err = _exit_code([*argv, "--out", str(tmp_path / "out")], capsys)
+    assert code == 2
+    assert "error:" in err and "Traceback" not in err
+    for word in words:
+        assert word in err, (word, err)
+    assert not (tmp_path / "out").exists()  # stopped before any work
+
+
+def test_mjcf_models_by_name_and_by_path(monkeypatch, tmp_path):
+    # MODEL as a shipped MJCF mechanism: its library entry's horizon and step
+    # (changed here, to tell them from the defaults); as the path of the same
+    # file: any file's defaults (10 s at 1e-3 s). (The pendulum: the cheapest to
+    # set up.)
+    name = "iftomm-a01-simple-pendulum"
+    entry = dataclasses.replace(cdiff.models.MJCF_LIBRARY[name], t1=0.5, dt=0.05)
+    monkeypatch.setitem(cli.MJCF_LIBRARY, name, entry)
+    for model, t1, dt in [(name, 0.5, 0.05), (str(entry.path), 10.0, 1e-3)]:
+        call = _simulate_call([model], monkeypatch, tmp_path)
+        assert (call.kwargs["t1"], call.kwargs["dt"]) == (t1, dt), model
+        assert call.formulation == cdiff.UdwadiaKalaba()
