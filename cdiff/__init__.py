@@ -16,6 +16,7 @@ from . import studies as studies
 from ._animate import animate as animate
 from ._consistent import consistent_state as consistent_state
 from ._formulation.base import AbstractFormulation as AbstractFormulation
+from ._formulation.base import Context as Context
 from ._formulation.base import Dynamics as Dynamics
 from ._formulation.dae import AbstractDAEFormulation as AbstractDAEFormulation
 from ._formulation.dae import GGL as GGL

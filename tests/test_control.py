@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 
 import cdiff
-from cdiff._formulation.base import Context
 from cdiff.control import HybridForceMotion, PassiveJoints, ProjectedInverseDynamics
 from cdiff.models import PlanarArmOnCurve, TwoLinkOnCircle
 
@@ -128,7 +127,7 @@ def test_hybrid_force_and_motion_laws_on_r8():
     k = gi / (1 + gf)
     e_exact = -k * z0 * np.exp(-k * ts)
     np.testing.assert_allclose(jax.vmap(ctrl.predicted_force_error)(sol.ts)[:, 0],
-                               e_exact, rtol=1e-12, atol=1e-14)
+                               e_exact, rtol=0, atol=5e-15)  # measured 8.9e-16
     e_lam = np.asarray(lambda_reference(sol.ts)[0] - sol.multipliers[:, 0])
     assert np.max(np.abs(e_lam - e_exact)) < 3e-12  # measured 2.4e-13
     assert abs(e_lam[0]) > 1.0  # a visible transient
@@ -214,7 +213,7 @@ def test_hybrid_force_is_what_the_formulations_compute():
         def control(t, q, v):
             return ctrl.input(t, q, v, z, lam_m)
 
-        context = Context(model, control, jnp.asarray(jnp.nan))
+        context = cdiff.Context(model, control, jnp.asarray(jnp.nan))
         dyns = [f.dynamics(t, (q, v), context, f.freeze(t, t + DT, (q, v), context))
                 for f in formulations]
         kin = cdiff.kinematics(model, t, q, v)
@@ -373,7 +372,7 @@ def test_computed_torque_on_nullspace_tracks_r8_with_pidc_force():
     # The input the state feedback applied, recomputed from the saved states.
     formulation = cdiff.NullSpace(alpha=10.0, dof=1)
     ctrl = cdiff.control.ComputedTorque(_theta1_output, _theta1_d, GP, GD)
-    context = Context(ARM, ctrl, jnp.asarray(jnp.nan))
+    context = cdiff.Context(ARM, ctrl, jnp.asarray(jnp.nan))
     pidc = ProjectedInverseDynamics(ARM, arm_reference, GP, GD,
                                     coordinates=lambda q: q[:1])
 

@@ -25,7 +25,6 @@ import cdiff
 
 # private on purpose: this file tests the fast paths' kernels and route choices.
 from cdiff import _simulate, _xla
-from cdiff._formulation.base import Context
 
 CPU = jax.default_backend() == "cpu"
 MODEL = cdiff.models.SliderCrank()
@@ -34,7 +33,7 @@ UK = cdiff.UdwadiaKalaba(energy_correction=True)
 
 def _context(model=MODEL):
     q0, v0 = model.initial_state()
-    return Context(model, None, model.energy(0.0, q0, v0), None, UK)
+    return cdiff.Context(model, None, model.energy(0.0, q0, v0), None, UK)
 
 
 def _rate(t, y, context):

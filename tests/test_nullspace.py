@@ -9,10 +9,6 @@ from helpers import Skate, kkt_numpy, slider_crank_numpy, slider_crank_saved
 
 import cdiff
 
-# private on purpose: NullSpace's f and g (eq. 28) and its dynamics take the solve's
-# Context, which has no public name.
-from cdiff._formulation.base import Context
-
 
 def _slider_crank(formulation, t1=10.0, dt=1e-3, redundant=False):
     return slider_crank_saved(formulation, t1=t1, dt=dt, redundant=redundant)
@@ -76,7 +72,7 @@ def test_initial_velocity_by_least_squares():
 
 def _context(model, formulation, q0, v0):
     formulation = formulation.bind(model, 0.0, q0, v0)
-    context = Context(model, None, jnp.asarray(jnp.nan))
+    context = cdiff.Context(model, None, jnp.asarray(jnp.nan))
     return formulation, context, formulation.init_state(0.0, q0, v0, context)
 
 
@@ -87,7 +83,7 @@ def test_state_space_pair_f_g():
     v0 = v0.at[2].set(1.0)
     f, context, x = _context(model, cdiff.NullSpace(alpha=3.0), q0, v0)
     u = jnp.array([0.1, -0.2, 0.3, 0.0, 0.5, -0.1])
-    with_u = Context(model, lambda t, q, v: u, context.e0)
+    with_u = cdiff.Context(model, lambda t, q, v: u, context.e0)
     rate = f.dynamics(0.0, x, with_u, None).rate
     drift, gain = f.f(0.0, x, context), f.g(0.0, x, context)
     for r, d, g in zip(rate, drift, gain):

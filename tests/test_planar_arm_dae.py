@@ -16,9 +16,6 @@ from ida_reference import ida_solve
 
 import cdiff
 
-# private on purpose: IndexOne's DAE residual (fed to SUNDIALS IDA below) takes the
-# solve's Context, which has no public name.
-from cdiff._formulation.base import Context
 from cdiff.models import PlanarArmOnCurve
 
 CURVES = ("line_x1", "circle", "line_x0")
@@ -81,8 +78,9 @@ def test_ggl_bdf_agrees_with_lagrange_rk4(curve):
         # The constraints hold to far below the tolerance (GGL's point).
         assert float(sol.max_constraint_error) < 1e-8
         assert float(np.abs(sol.velocity_residual).max()) < 1e-8
-    # RK4 at dt = 1e-4 is itself exact to ~1e-12 here.
-    assert float(np.abs(rk4.q[i] - exact).max()) < 1e-10
+    # RK4 at dt = 1e-4 is itself exact here: measured 1.8e-11 (x = 1), 6.5e-12 (circle).
+    assert float(np.abs(rk4.q[i] - exact).max()) < (1e-10 if curve == "line_x1"
+                                                     else 6e-11)
     # Measured: x = 1: 2.5e-6 at rtol = 1e-8 (BDF's global error is ~300x its
     # local tolerance where link 2 whips round at 16 rad/s) and 3.2e-7 at 1e-9;
     # circle: 3.3e-7 and 5.4e-8. The 1e-6 holds at rtol = 1e-8 on the
@@ -153,7 +151,8 @@ def test_index_one_form_agrees_with_sundials_ida():
     sol = cdiff.simulate(model, cdiff.IndexOne(), q0, v0, t0=0.5, t1=2.0, dt=1e-4,
                          solver=cdiff.BDF(1e-10, 1e-10), saveat=cdiff.SaveAt(ts=ts))
     formulation = cdiff.IndexOne().bind(model, 0.5, q0, v0)
-    context = Context(model, None, jnp.asarray(jnp.nan), None, formulation)
+    context = cdiff.Context(model, None, jnp.asarray(jnp.nan), None,
+                            formulation)
     x0, xdot0 = formulation.consistent(0.5, formulation.init_state(0.5, q0, v0, context),
                                        context)
     residual = jax.jit(lambda t, x, xd: formulation.residual(t, x, xd, context))

@@ -227,3 +227,24 @@ def test_user_state_feedback():
     exact = float(jnp.linalg.norm(v0)) * np.exp(-k * TS)
     assert np.abs(speed - exact).max() < 5e-11  # measured 4.8e-12
     assert float(sol.max_constraint_error) < 1e-10  # measured 1.2e-11 (alpha = 10)
+
+
+def test_context_evaluates_a_formulation_outside_a_solve():
+    """`cdiff.Context`'s example: UK's dynamics at one state of R2 (a moving one, off
+    the constraint's singular set), against the KKT system of R2 derived by hand in
+    NumPy (tests/helpers.py)."""
+    from helpers import kkt_numpy, slider_crank_numpy
+
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    q, v = cdiff.consistent_state(model, q0, v0.at[2].set(1.3))
+    f = cdiff.UdwadiaKalaba().bind(model, 0.0, q, v)
+    aux = f.prepare(model, 0.0, q, v)
+    context = cdiff.Context(model, None, model.energy(0.0, q, v), aux, f)
+    y = f.init_state(0.0, q, v, context)
+    dyn = f.dynamics(0.0, y, context, f.freeze(0.0, 1e-3, y, context))
+    M, Q, A, Adot_v = slider_crank_numpy(np.asarray(q), np.asarray(v))
+    vdot, lam = kkt_numpy(M, Q, A, -Adot_v)
+    # Measured 9.0e-14 and 9.2e-14 (accelerations up to 4.4 m/s^2).
+    np.testing.assert_allclose(dyn.rate[1], vdot, rtol=0, atol=5e-13)
+    np.testing.assert_allclose(dyn.force, A.T @ lam, rtol=0, atol=5e-13)

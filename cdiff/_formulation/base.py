@@ -40,7 +40,19 @@ class Context(eqx.Module):
     energy at the initial state, NaN when the model defines no energy), `aux`,
     whatever the formulation's `prepare` computed from the initial state, and the
     formulation itself (for solver wrappers such as [`cdiff.Projected`][] that map
-    the formulation's state)."""
+    the formulation's state).
+
+    `simulate` builds it; a formulation's methods receive it. Build one yourself to
+    evaluate a formulation outside a solve, e.g. the dynamics at one state:
+
+    ```py
+    f = cdiff.UdwadiaKalaba().bind(model, 0.0, q, v)
+    aux = f.prepare(model, 0.0, q, v)
+    context = cdiff.Context(model, None, model.energy(0.0, q, v), aux, f)
+    y = f.init_state(0.0, q, v, context)
+    dyn = f.dynamics(0.0, y, context, f.freeze(0.0, dt, y, context))
+    ```
+    """
 
     model: AbstractModel
     control: Any
