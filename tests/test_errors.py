@@ -453,7 +453,8 @@ def test_too_few_max_steps_for_a_traced_dt_is_a_result_code():
                           [True, False])
     assert np.array_equal(np.asarray(sol.result == cdiff.RESULTS.max_steps_reached),
                           [False, True])
-    np.testing.assert_allclose(sol.q[0, -1], [0.2, 0.2], rtol=1e-12)
+    # Free motion at unit speed: RK4 is exact, and four steps of 0.05 reach 0.2.
+    np.testing.assert_array_equal(sol.q[0, -1], [0.2, 0.2])
 
 
 def test_forward_mode_through_diffrax_names_the_adjoint():

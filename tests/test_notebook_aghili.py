@@ -1,6 +1,10 @@
 """The Aghili notebook runs (short horizon) and its results hold."""
 import numpy as np
+import pytest
 from notebook_runner import run_notebook
+
+# A notebook is a long run: not in the default run (`pytest -m slow`).
+pytestmark = pytest.mark.slow
 
 
 def test_aghili_notebook(tmp_path, monkeypatch):
@@ -21,7 +25,8 @@ def test_aghili_notebook(tmp_path, monkeypatch):
     # Eq. 63 holds for odd n only; eqs. 68-69 (with their cases swapped) and C = 0.
     odd, sigma_63 = ns["odd"], ns["sigma_63"]
     assert sigma_63[odd].max() < 1e-14 and sigma_63[~odd].min() > 2.0
-    assert ns["eq68"] < 1e-9 and ns["eq69"] < 1e-12 and ns["C_qdot"] < 1e-9
+    # eq. 68: measured 4.7e-11.
+    assert ns["eq68"] < 4e-10 and ns["eq69"] < 1e-12 and ns["C_qdot"] < 1e-9
     # Aghili's SVD threshold removes the constraint for a few steps at each passage
     # and the run still passes (measured: eps = 1e-2, 11 steps, error 2.3e-8).
     eps_error, removed = ns["eps_error"], ns["removed"]

@@ -1,6 +1,10 @@
 """The Costa-Castello notebook runs (short horizon) and its results hold."""
 import numpy as np
+import pytest
 from notebook_runner import run_notebook
+
+# A notebook is a long run: not in the default run (`pytest -m slow`).
+pytestmark = pytest.mark.slow
 
 
 def test_costa_castello_notebook(tmp_path, monkeypatch):
@@ -40,7 +44,7 @@ def test_costa_castello_notebook(tmp_path, monkeypatch):
     # the exact motion (measured 6.1e-5 at h = 1e-3, 1.5e-4 at h = 1e-2 over 1.8 s).
     for h in ns["HS"]:
         assert ns["passed"][h] == 2 and ns["reg_finite"][h]
-        assert ns["reg_err"][h] < 1e-3
+        assert ns["reg_err"][h] < (1e-3 if h > 5e-3 else 5e-4)
         assert ns["reg_res"][h] < 1e-4
     # The claims table: everything reproduces but the reading "the motion cannot go
     # on" (the exact motion passes); the captions' undefined "error", the issue's 1e-6

@@ -1,0 +1,165 @@
+"""Measure every tolerance the test suite checks: a pytest plugin and its report.
+
+A bound far above what the code achieves lets a regression pass (issue 23 asks for
+bounds within about 10 times the measured figure). This records, for every check
+that passes, the bound and the value it was checked against:
+
+- `np.testing.assert_allclose(actual, desired, rtol, atol)`: the fraction of the
+  allowance used, max |actual - desired| / (atol + rtol |desired|), whose inverse is
+  the ratio of bound to measured;
+- `assert x < bound` (and `<=`, `>`, `>=`) with numbers on both sides, through
+  pytest's assertion-pass hook: bound / x.
+
+Run (the whole suite, or any selection; the checks and results are unchanged):
+
+    CDIFF_TOLERANCE_LOG=/tmp/tol PYTHONPATH=.ci pytest -p tolerance_audit \\
+        -o enable_assertion_pass_hook=true
+    python .ci/tolerance_audit.py /tmp/tol          # one row per check site
+
+A site checked several times (a loop, a parametrized test) reports its largest
+measured value, i.e. its smallest ratio. Exact checks (rtol = atol = 0, or a
+measured value of 0) have no finite ratio and are listed as such.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+import os
+import re
+import sys
+from pathlib import Path
+
+_LOG = os.environ.get("CDIFF_TOLERANCE_LOG")
+_ROOT = Path(__file__).resolve().parent.parent
+_current = {"test": None}
+_out = None
+
+
+def _site(skip: int = 2) -> tuple[str, int]:
+    """The first caller frame in the repository's tests (file relative to the root)."""
+    for frame in inspect.stack()[skip:]:
+        path = Path(frame.filename)
+        if "tests" in path.parts and path.suffix == ".py":
+            try:
+                return str(path.resolve().relative_to(_ROOT)), frame.lineno
+            except ValueError:
+                return str(path), frame.lineno
+    return "?", 0
+
+
+def _write(record: dict) -> None:
+    global _out
+    if _out is None:
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        Path(_LOG).mkdir(parents=True, exist_ok=True)
+        _out = open(Path(_LOG) / f"{worker}.jsonl", "a", encoding="utf-8")
+    record["test"] = _current["test"]
+    _out.write(json.dumps(record) + "\n")
+    _out.flush()
+
+
+def _wrap_allclose(original):
+    import numpy as np
+
+    def assert_allclose(actual, desired, rtol=1e-7, atol=0, *args, **kwargs):
+        original(actual, desired, rtol, atol, *args, **kwargs)  # raises as before
+        try:
+            a = np.asarray(actual, dtype=float)
+            d = np.asarray(desired, dtype=float)
+            err = np.abs(a - d)
+            finite = np.isfinite(err)
+            allowance = atol + rtol * np.abs(d)
+            used = np.where(finite & (allowance > 0), err / np.where(
+                allowance > 0, allowance, 1.0), 0.0)
+            file, line = _site()
+            _write(dict(kind="allclose", file=file, line=line, rtol=float(rtol),
+                        atol=float(atol), used=float(np.max(used, initial=0.0)),
+                        max_abs=float(np.max(np.where(finite, err, 0.0), initial=0.0))))
+        except Exception:  # noqa: BLE001 (the audit never changes a result)
+            pass
+
+    return assert_allclose
+
+
+_NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|[-+]?inf|nan")
+
+
+def _value(text: str) -> float | None:
+    """A number printed by pytest's explanation (`1e-10`, `np.float64(3.2e-12)`,
+    `Array(2.1e-9, dtype=float64)`), else None."""
+    text = text.strip()
+    inner = re.fullmatch(r"[\w.]+\((.*?)(?:, dtype=\w+)?(?:, weak_type=\w+)?\)", text)
+    if inner:
+        text = inner.group(1)
+    if _NUMBER.fullmatch(text):
+        return float(text)
+    return None
+
+
+def pytest_configure(config):
+    if not _LOG:
+        return
+    import numpy.testing
+
+    numpy.testing.assert_allclose = _wrap_allclose(numpy.testing.assert_allclose)
+
+
+def pytest_runtest_setup(item):
+    _current["test"] = item.nodeid
+
+
+def pytest_assertion_pass(item, lineno, orig, expl):
+    if not _LOG:
+        return
+    first = expl.split("\n", 1)[0]
+    match = re.fullmatch(r"(.*?) (<=|<|>=|>) (.*)", first.strip())
+    if not match:
+        return
+    left, op, right = _value(match.group(1)), match.group(2), _value(match.group(3))
+    if left is None or right is None:
+        return
+    measured, bound = (left, right) if op.startswith("<") else (right, left)
+    file, _ = _site(skip=1)
+    _write(dict(kind="compare", file=file, line=lineno, source=orig[:200],
+                measured=abs(measured), bound=abs(bound)))
+
+
+def report(directory: str) -> list[dict]:
+    """One row per check site: the bound, the largest measured value and the ratio
+    (bound / measured; inf for an exact pass)."""
+    sites: dict[tuple, dict] = {}
+    for path in sorted(Path(directory).glob("*.jsonl")):
+        for line in path.read_text(encoding="utf-8").splitlines():
+            r = json.loads(line)
+            key = (r["file"], r["line"])
+            if r["kind"] == "allclose":
+                ratio = math.inf if r["used"] == 0 else 1.0 / r["used"]
+                bound = f"rtol={r['rtol']:g}, atol={r['atol']:g}"
+                measured = r["max_abs"]
+            else:
+                ratio = math.inf if r["measured"] == 0 else r["bound"] / r["measured"]
+                bound = f"{r['bound']:.3g}"
+                measured = r["measured"]
+            row = sites.get(key)
+            if row is None or ratio < row["ratio"]:
+                sites[key] = dict(file=r["file"], line=r["line"], test=r["test"],
+                                  bound=bound, measured=measured, ratio=ratio,
+                                  kind=r["kind"])
+    return sorted(sites.values(), key=lambda r: (r["file"], r["line"]))
+
+
+def main(argv: list[str]) -> None:
+    rows = report(argv[0])
+    above = [r for r in rows if r["ratio"] > 10]
+    print(f"{len(rows)} check sites; {len(rows) - len(above)} within 10x of the "
+          f"measured value, {len(above)} above (inf: exact or measured 0)")
+    print("file:line | bound | measured (abs) | bound/measured | test")
+    for r in rows:
+        print(f"{r['file']}:{r['line']} | {r['bound']} | {r['measured']:.2e} | "
+              f"{r['ratio']:.3g} | {r['test']}")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
