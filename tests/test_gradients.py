@@ -3,10 +3,11 @@ of a loss with respect to a model parameter, for every formulation, against cent
 finite differences, all under `jax.vmap` (two parameter values per call).
 
 The ODE formulations run the slider-crank (R2) over 2 s, across its singular
-configuration theta1 = -pi/2 (t ~ 0.9 s), where the derivatives stay finite. GGL's
-DAE has no index there (BDF stops at it, as it must), so the BDF row runs the planar
-arm on x = 1 (R8) instead: the derivative of theta1(1.5 s) with respect to the mass
-of link 2 (issue 4's acceptance)."""
+configuration theta1 = -pi/2 (t ~ 0.9 s), where the derivatives stay finite. The DAE
+formulations (GGL, GGL("no_inverse"), IndexOne) have no index there (BDF stops at it,
+as it must), so their rows run the planar arm on x = 1 (R8) with BDF instead: the
+derivative of theta1(1.5 s) with respect to the mass of link 2 (issue 4's
+acceptance). Forward mode through GradientProjection: tests/test_projected.py."""
 
 from __future__ import annotations
 
@@ -45,17 +46,21 @@ CASES = {
         formulation=cdiff.Projection(),
         solver=cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection()),
     ),
+    "regularized": dict(formulation=cdiff.Regularized()),
 }
+# The DAE formulations with cdiff.BDF, on the planar arm (see `_arm_loss`).
+DAE_CASES = {"ggl-bdf": cdiff.GGL(), "ggl-no-inverse-bdf": cdiff.GGL("no_inverse"),
+             "index-one-bdf": cdiff.IndexOne()}
 
 
-def _arm_loss(adjoint=None):
-    """theta1(1.5 s) of R8 on x = 1 from the release, GGL + BDF, as a function of
-    the mass of link 2."""
+def _arm_loss(formulation, adjoint=None):
+    """theta1(1.5 s) of R8 on x = 1 from the release, a DAE formulation + BDF, as a
+    function of the mass of link 2."""
 
     def loss(m2):
         model = cdiff.models.PlanarArmOnCurve("line_x1", m2=m2)
         q0, v0 = model.initial_state()
-        sol = cdiff.simulate(model, cdiff.GGL(), q0, v0, t0=0.5, t1=1.5, dt=1e-4,
+        sol = cdiff.simulate(model, formulation, q0, v0, t0=0.5, t1=1.5, dt=1e-4,
                              solver=cdiff.BDF(1e-10, 1e-10), adjoint=adjoint,
                              saveat=cdiff.SaveAt(t1=True))
         return sol.q[-1, 0]
@@ -64,8 +69,8 @@ def _arm_loss(adjoint=None):
 
 
 def _case(case, adjoint=None):
-    if case == "ggl-bdf":
-        return _arm_loss(adjoint)
+    if case in DAE_CASES:
+        return _arm_loss(DAE_CASES[case], adjoint)
     return _loss(**CASES[case], adjoint=adjoint)
 
 
@@ -73,21 +78,31 @@ def _case(case, adjoint=None):
 # differences, about 10 times the measured differences (reverse, forward; the
 # larger of the two parameter values): Lagrange 1.3e-10, 1.3e-10; UK 1.7e-11,
 # 1.8e-11 (the differences' round-off, ~eps |loss| / delta); Projection 5.5e-9,
-# 5.5e-9; NullSpace 3.8e-7, 3.7e-7; Projected(Newton) 4.0e-7, 3.8e-7; GGL + BDF
-# 4.5e-6, 2.4e-6 (BDF's adaptive steps: the differences themselves are noisy).
+# 5.5e-9; NullSpace 3.8e-7, 3.7e-7; Projected(Newton) 4.0e-7, 3.8e-7; Regularized
+# 1.6e-8, 1.6e-8; GGL + BDF 4.5e-6, 2.4e-6, GGL("no_inverse") + BDF 9.2e-6, 2.4e-6,
+# IndexOne + BDF 1.4e-7, 1.4e-7 (BDF's adaptive steps: the differences themselves
+# are noisy).
 RTOL = {"lagrange": 1.3e-9, "udwadia-kalaba": 2e-10, "projection": 5e-8,
-        "null-space": 4e-6, "projected-newton": 4e-6, "ggl-bdf": 1e-5}
+        "null-space": 4e-6, "projected-newton": 4e-6, "regularized": 1.6e-7,
+        "ggl-bdf": 1e-5, "ggl-no-inverse-bdf": 5e-5, "index-one-bdf": 1.4e-6}
 
 
-@pytest.mark.parametrize("case", [*CASES, "ggl-bdf"])
+# The costliest rows are long runs (`pytest -m slow`); the default run keeps one row
+# per route: cdiff's RK4 loop (Lagrange, UK, Projection, Regularized) and BDF (GGL).
+SLOW = {"null-space", "projected-newton", "ggl-no-inverse-bdf", "index-one-bdf"}
+
+
+@pytest.mark.parametrize("case", [
+    pytest.param(case, marks=pytest.mark.slow if case in SLOW else ())
+    for case in [*CASES, *DAE_CASES]])
 def test_gradient_matrix(case):
     loss = _case(case)
     forward_loss = _case(case, diffrax.ForwardMode())
     # One compiled call gives the reverse-mode gradients at both parameter values
     # and the values at +- delta for central differences (BDF's adaptive steps
     # need a larger delta: its values jump by ~tol when the step sequence changes).
-    params = jnp.array([5.0, 5.5]) if case == "ggl-bdf" else LENGTHS
-    delta = 1e-3 if case == "ggl-bdf" else 1e-5
+    params = jnp.array([5.0, 5.5]) if case in DAE_CASES else LENGTHS
+    delta = 1e-3 if case in DAE_CASES else 1e-5
     points = jnp.concatenate([params, params + delta, params - delta])
     values, grads = jax.jit(jax.vmap(jax.value_and_grad(loss)))(points)
     values, reverse = np.asarray(values), np.asarray(grads[:2])

@@ -1,6 +1,10 @@
 """The controller-mismatch notebook runs (short horizon) and its results hold."""
 import numpy as np
+import pytest
 from notebook_runner import run_notebook
+
+# A notebook is a long run: not in the default run (`pytest -m slow`).
+pytestmark = pytest.mark.slow
 
 
 def test_controller_mismatch_notebook(tmp_path, monkeypatch):

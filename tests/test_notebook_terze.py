@@ -1,5 +1,9 @@
 """The Terze notebook runs (short horizon) and its results hold."""
+import pytest
 from notebook_runner import run_notebook
+
+# A notebook is a long run: not in the default run (`pytest -m slow`).
+pytestmark = pytest.mark.slow
 
 
 def test_terze_notebook(tmp_path, monkeypatch):

@@ -150,7 +150,10 @@ def run_page(page: Path) -> dict:
     return namespace
 
 
-@pytest.mark.parametrize("page", _pages(), ids=lambda page: page.name)
+# The tour runs by default; the other guides' examples are long runs (`pytest -m slow`).
+@pytest.mark.parametrize("page", [
+    pytest.param(page, marks=() if page == TOUR else pytest.mark.slow)
+    for page in _pages()], ids=lambda page: page.name)
 def test_page_examples_run_and_print_what_the_page_shows(page):
     namespace = run_page(page)
     assert namespace["_checked_prints"] >= 1
