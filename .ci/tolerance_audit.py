@@ -63,20 +63,24 @@ def _write(record: dict) -> None:
 def _wrap_allclose(original):
     import numpy as np
 
+    def record(actual, desired, rtol, atol):
+        a = np.asarray(actual, dtype=float)
+        d = np.asarray(desired, dtype=float)
+        err = np.abs(a - d)  # nan where both are the same infinity
+        finite = np.isfinite(err)
+        allowance = atol + rtol * np.abs(d)
+        used = np.where(finite & (allowance > 0),
+                        err / np.where(allowance > 0, allowance, 1.0), 0.0)
+        file, line = _site(skip=3)
+        _write(dict(kind="allclose", file=file, line=line, rtol=float(rtol),
+                    atol=float(atol), used=float(np.max(used, initial=0.0)),
+                    max_abs=float(np.max(np.where(finite, err, 0.0), initial=0.0))))
+
     def assert_allclose(actual, desired, rtol=1e-7, atol=0, *args, **kwargs):
         original(actual, desired, rtol, atol, *args, **kwargs)  # raises as before
         try:
-            a = np.asarray(actual, dtype=float)
-            d = np.asarray(desired, dtype=float)
-            err = np.abs(a - d)
-            finite = np.isfinite(err)
-            allowance = atol + rtol * np.abs(d)
-            used = np.where(finite & (allowance > 0), err / np.where(
-                allowance > 0, allowance, 1.0), 0.0)
-            file, line = _site()
-            _write(dict(kind="allclose", file=file, line=line, rtol=float(rtol),
-                        atol=float(atol), used=float(np.max(used, initial=0.0)),
-                        max_abs=float(np.max(np.where(finite, err, 0.0), initial=0.0))))
+            with np.errstate(all="ignore"):
+                record(actual, desired, rtol, atol)
         except Exception:  # noqa: BLE001 (the audit never changes a result)
             pass
 
