@@ -16,7 +16,8 @@ Run (the whole suite, or any selection; the checks and results are unchanged):
         -o enable_assertion_pass_hook=true
     python .ci/tolerance_audit.py /tmp/tol          # one row per check site
 
-A site checked several times (a loop, a parametrized test) reports its largest
+`.ci/tolerances.txt` is the table of the last whole run (the default suite and the
+slow tier). A site checked several times (a loop, a parametrized test) reports its largest
 measured value, i.e. its smallest ratio. Exact checks (rtol = atol = 0, or a
 measured value of 0) have no finite ratio and are listed as such.
 """
