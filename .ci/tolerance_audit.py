@@ -7,8 +7,10 @@ that passes, the bound and the value it was checked against:
 - `np.testing.assert_allclose(actual, desired, rtol, atol)`: the fraction of the
   allowance used, max |actual - desired| / (atol + rtol |desired|), whose inverse is
   the ratio of bound to measured;
-- `assert x < bound` (and `<=`, `>`, `>=`) with numbers on both sides, through
-  pytest's assertion-pass hook: bound / x.
+- `assert x < bound` (and `<=`) with numbers on both sides, through pytest's
+  assertion-pass hook: bound / x. A lower bound, `assert x > bound`, is listed with
+  the columns swapped (ratio x / bound: how far x clears it); such rows (a
+  condition number above 1e12, a transient above 1) are not accuracy tolerances.
 
 Run (the whole suite, or any selection; the checks and results are unchanged):
 
