@@ -19,8 +19,8 @@ Run (the whole suite, or any selection; the checks and results are unchanged):
     python .ci/tolerance_audit.py /tmp/tol          # one row per check site
 
 `.ci/tolerances.txt` is the table of the last whole run (the default suite and the
-slow tier). A site checked several times (a loop, a parametrized test) reports its largest
-measured value, i.e. its smallest ratio. Exact checks (rtol = atol = 0, or a
+slow tier). A site checked several times (a loop, a parametrized test) reports its
+largest measured value, i.e. its smallest ratio. Exact checks (rtol = atol = 0, or a
 measured value of 0) have no finite ratio and are listed as such.
 """
 
