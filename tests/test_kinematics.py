@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import slider_crank_numpy
 
 import cdiff
 from cdiff import kinematics
@@ -35,8 +36,9 @@ def _state(rng, n):
 
 
 def _slider_crank_hand(l, q, v):
+    """R2's residual, and its A and b = -(dA/dt) v (Phi'' = A qdd + (dA/dt) v) from
+    tests/helpers.py, all derived by hand."""
     x1, y1, t1, x2, y2, t2 = np.asarray(q)
-    w1, w2 = float(v[2]), float(v[5])
     h = l / 2
     s1, c1, s2, c2 = np.sin(t1), np.cos(t1), np.sin(t2), np.cos(t2)
     phi = np.array([
@@ -46,22 +48,8 @@ def _slider_crank_hand(l, q, v):
         y1 + h * s1 - y2 + h * s2,
         y2 + h * s2,
     ])
-    A = np.array([
-        [1, 0, h * s1, 0, 0, 0],
-        [0, 1, -h * c1, 0, 0, 0],
-        [1, 0, -h * s1, -1, 0, -h * s2],
-        [0, 1, h * c1, 0, -1, h * c2],
-        [0, 0, 0, 0, 1, h * c2],
-    ], dtype=float)
-    # Phi'' = A qdd + (dA/dt) v, so b = -(dA/dt) v: the centripetal terms.
-    b = np.array([
-        -h * c1 * w1**2,
-        -h * s1 * w1**2,
-        h * c1 * w1**2 + h * c2 * w2**2,
-        h * s1 * w1**2 + h * s2 * w2**2,
-        h * s2 * w2**2,
-    ])
-    return phi, A, b
+    _, _, A, Adot_v = slider_crank_numpy(np.asarray(q), np.asarray(v), l=l)
+    return phi, A, -Adot_v
 
 
 @pytest.mark.parametrize("seed", [0, 1])
