@@ -14,9 +14,9 @@ from jaxtyping import Array, Bool, Float
 
 from ._formulation.base import (AbstractFormulation, Context, applied_forces,
                                 mass_factor)
-from ._kinematics import kinematics
+from ._kinematics import residuals
 from ._model import AbstractModel
-from ._results import RESULTS
+from ._results import RESULTS, solver_errors
 
 
 class Solution(eqx.Module):
@@ -40,6 +40,12 @@ class Solution(eqx.Module):
       has no explicit rate: there $\dot q = T(q)v$ and
       $\dot v = M^{-1}(Q + Eu + Q_c)$ with the DAE's multipliers. Used by
       [`cdiff.Solution.evaluate`][].
+
+      `qdot`, `vdot`, `constraint_force` and `multipliers` evaluate the
+      formulation's dynamics at the saved states, and are computed when read
+      (inside `jit`, in line; outside, by a compiled function kept for the next
+      solution of the same kind): a solve whose caller reads only the states,
+      residuals and energy (a loss, a gradient) neither traces nor compiles them.
     - `holonomic_residual`: $\Phi_q(t, q)$, shape `(T, m)`.
     - `velocity_residual`: $[\dot\Phi_q; \Phi_v]$, shape `(T, m + p)`.
     - `energy`: $E(t, q, v)$, shape `(T,)`, or `None` if the model defines no energy.
@@ -73,19 +79,50 @@ class Solution(eqx.Module):
     ts: Float[Array, " T"]
     q: Float[Array, "T nq"]
     v: Float[Array, "T nv"]
-    qdot: Float[Array, "T nq"]
-    vdot: Float[Array, "T nv"]
     holonomic_residual: Float[Array, "T m"]
     velocity_residual: Float[Array, "T k"]
     energy: Float[Array, " T"] | None
-    constraint_force: Float[Array, "T nv"]
-    multipliers: Float[Array, "T k"]
     state: Any
     result: Any
     dt: Float[Array, ""]
     stats: dict[str, Any]
     energy0: Float[Array, ""] | None = None
     controller_state: Any = None
+    # What the dynamics at the saved states need (see `_dynamics`): the solve's
+    # context (its formulation included) split into its arrays and the rest (a
+    # static field, so that the solution stays a pytree of arrays for `jax.jit`
+    # and `jax.vmap` whatever the model and controller hold), and the step of the
+    # per-step data.
+    _context_arrays: Any = None
+    _context_static: _Static | None = eqx.field(static=True, default=None)
+    _dt_frozen: Any = None
+
+    @property
+    def qdot(self) -> Float[Array, "*batch T nq"]:
+        """The coordinate rate at the saved states (see the attributes)."""
+        return self._dynamics()[2]
+
+    @property
+    def vdot(self) -> Float[Array, "*batch T nv"]:
+        r"""The acceleration $\dot v$ at the saved states (see the attributes)."""
+        return self._dynamics()[3]
+
+    @property
+    def constraint_force(self) -> Float[Array, "*batch T nv"]:
+        """The generalized constraint force $Q_c$ at the saved states (see the
+        attributes)."""
+        return self._dynamics()[0]
+
+    @property
+    def multipliers(self) -> Float[Array, "*batch T k"]:
+        r"""The multipliers $\lambda$ at the saved states (see the attributes)."""
+        return self._dynamics()[1]
+
+    def _dynamics(self):
+        """`(constraint_force, multipliers, qdot, vdot)`, computed from the saved
+        states when asked for (one compilation per kind of solution outside `jit`,
+        in line inside it)."""
+        return _dynamics_of_solution(self)
 
     @property
     def succeeded(self) -> Bool[Array, "*batch"]:
@@ -171,7 +208,8 @@ class Solution(eqx.Module):
         fn = _hermite
         for _ in range(jnp.ndim(self.ts) - 1):
             fn = jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, None))
-        return fn(self.ts, self.q, self.v, self.qdot, self.vdot, t)
+        _, _, qdot, vdot = self._dynamics()
+        return fn(self.ts, self.q, self.v, qdot, vdot, t)
 
     def animate(self, model: AbstractModel, path, **kwargs) -> Path:
         """Write a GIF or MP4 of the motion: `cdiff.animate(model, self, path,
@@ -265,40 +303,29 @@ def rates(formulation: AbstractFormulation, context: Context, t, y, dyn):
     return qdot, vdot
 
 
-def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
-    """Constraint residuals, energy, constraint force, multipliers, `(q, v)` and
-    their rates (see `rates`) along saved states (the formulation's per-step data
-    taken with step `dt` from each state); rows of unused saves (inf) stay inf."""
-    model = context.model
+def _along(one, ts, ys, empty):
+    """`one(t, y)` (a tuple of arrays or `None`) at every saved row; the rows of
+    unused saves (`ts` inf) are evaluated at a zero state and come out inf.
+    `empty[i]`: output `i` has no entries (its shape is then taken from
+    `jax.eval_shape`)."""
     valid = jnp.isfinite(ts)
-
-    def one(t, y):
-        q, v = formulation.coordinates(t, y, context)
-        kin = kinematics(model, t, q, v)
-        e = model.energy(t, q, v)
-        frozen = formulation.freeze(t, t + dt, y, context)
-        dyn = formulation.dynamics(t, y, context, frozen)
-        qdot, vdot = rates(formulation, context, t, y, dyn)
-        return (kin.phi_q, kin.velocity_residual, e, dyn.force, dyn.multipliers, q, v,
-                qdot, vdot)
-
     safe_ys = jax.tree.map(
         lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
     )
+    args = (jnp.where(valid, ts, 0.0), safe_ys)
+
     # In chunks: one vmap over more than 8192 rows containing eqx.error_if's
     # callback deadlocks XLA's CPU runtime (jaxlib 0.10.2). lax.map's chunking
     # fails on outputs of size zero (a model without holonomic rows), so those
     # are made directly.
-    args = (jnp.where(valid, ts, 0.0), safe_ys)
-    shapes = jax.eval_shape(jax.vmap(lambda a: one(*a)), args)
-    empty = [s is not None and s.size == 0 for s in shapes]
-
     def nonempty(a):
         return tuple(None if e else x for x, e in zip(one(*a), empty))
 
     out = jax.lax.map(nonempty, args, batch_size=_DIAGNOSTICS_CHUNK)
-    out = tuple(jnp.zeros(s.shape, s.dtype) if e else x
-                for x, s, e in zip(out, shapes, empty))
+    if any(empty):
+        shapes = jax.eval_shape(jax.vmap(lambda a: one(*a)), args)
+        out = tuple(jnp.zeros(s.shape, s.dtype) if e else x
+                    for x, s, e in zip(out, shapes, empty))
 
     def mask(x):
         if x is None:
@@ -307,6 +334,103 @@ def diagnostics(formulation: AbstractFormulation, context: Context, dt, ts, ys):
         return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, inf)
 
     return tuple(mask(x) for x in out)
+
+
+def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys, *,
+                holonomic_rows: int, rows: int):
+    r"""Constraint residuals, energy and `(q, v)` along saved states (`holonomic_rows`
+    and `rows`: the sizes of $\Phi_q$ and $[\dot\Phi_q; \Phi_v]$)."""
+    model = context.model
+
+    def one(t, y):
+        q, v = formulation.coordinates(t, y, context)
+        hol, vel = residuals(model, t, q, v)
+        return hol, vel, model.energy(t, q, v), q, v
+
+    return _along(one, ts, ys, (holonomic_rows == 0, rows == 0, False, False, False))
+
+
+def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, ys,
+                   *, rows: int):
+    """The constraint force, multipliers and `(qdot, vdot)` (see `rates`) along
+    saved states, the formulation's per-step data taken with step `dt` from each
+    state. The model's run-time checks turn a failing row into NaN (they held at
+    these states during the solve)."""
+
+    def one(t, y):
+        frozen = formulation.freeze(t, t + dt, y, context)
+        dyn = formulation.dynamics(t, y, context, frozen)
+        qdot, vdot = rates(formulation, context, t, y, dyn)
+        return dyn.force, dyn.multipliers, qdot, vdot
+
+    with solver_errors(False):
+        return _along(one, ts, ys, (False, rows == 0, False, False))
+
+
+def _dynamics_of_solution(sol: Solution):
+    """`dynamics_along` a solution's saved rows, for each trajectory of a batched
+    solution (`jax.vmap` gives every array of its output, the context's included,
+    the batch axes that lead `ts`)."""
+    if sol._context_static is None:
+        raise ValueError("cdiff.Solution: this solution carries no context to "
+                         "evaluate the dynamics at its states")
+    batch, rows = sol.ts.shape[:-1], sol.ts.shape
+    leaves = jax.tree.leaves((sol._context_arrays, sol._dt_frozen))
+    states = jax.tree.leaves((sol.state, sol.controller_state))
+    if (any(jnp.shape(x)[:len(batch)] != batch for x in leaves)
+            or any(jnp.shape(x)[:len(rows)] != rows for x in states)):
+        raise ValueError(
+            "cdiff.Solution: the solution's arrays do not share the batch axes "
+            f"{batch} that lead `ts` (a jax.vmap with out_axes other than 0?), so "
+            "its constraint force, multipliers and rates cannot be computed; "
+            "read them inside the vmap instead.")
+    from .control._state import ControllerState  # it imports this module's users
+
+    context = eqx.combine(sol._context_arrays, sol._context_static.value)
+    controlled = isinstance(context.formulation, ControllerState)
+    ys = (sol.state, sol.controller_state) if controlled else sol.state
+    return _batched_dynamics(context, sol._dt_frozen, sol.ts, ys,
+                             rows=sol.velocity_residual.shape[-1], batch=len(batch))
+
+
+class _Static:
+    """The non-array part of a pytree, as a static field: compared by value
+    (`equinox.tree_equal`), so that equal solutions share `jit` compilations, and
+    hashed by type only (its parts need not be hashable)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value):
+        self.value = value
+
+    def __eq__(self, other):
+        return (isinstance(other, _Static)
+                and bool(eqx.tree_equal(self.value, other.value)))
+
+    def __hash__(self):
+        return hash(type(self.value))
+
+
+@eqx.filter_jit
+def _batched_dynamics(context, dt, ts, ys, *, rows: int, batch: int):
+    def one_solution(context, dt, ts, ys):
+        return dynamics_along(context.formulation, context, dt, ts, ys, rows=rows)
+
+    fn = one_solution
+    for _ in range(batch):
+        fn = eqx.filter_vmap(fn)
+    return fn(context, dt, ts, ys)
+
+
+def _row_sizes(formulation, context, ts, ys) -> tuple[int, int]:
+    """The numbers of holonomic rows and of all constraint rows, from shapes."""
+    row = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), ys)
+
+    def sizes(t, y):
+        return residuals(context.model, t, *formulation.coordinates(t, y, context))
+
+    hol, vel = jax.eval_shape(sizes, jax.ShapeDtypeStruct((), ts.dtype), row)
+    return hol.shape[0], vel.shape[0]
 
 
 def build_solution(formulation: AbstractFormulation, context: Context,
@@ -319,8 +443,9 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     `controller_state`, the saved states are `(y, z)` (a formulation wrapped with
     a stateful controller's state `z`), saved apart."""
     ts, ys, result = trajectory.ts, trajectory.ys, trajectory.result
-    hol, vel, energy, force, lam, q, v, qdot, vdot = diagnostics(
-        formulation, context, dt, ts, ys)
+    m, k = _row_sizes(formulation, context, ts, ys)
+    hol, vel, energy, q, v = diagnostics(formulation, context, ts, ys,
+                                         holonomic_rows=m, rows=k)
     if result._enumeration is not RESULTS:
         result = RESULTS.promote(result)
     stats = dict(trajectory.stats)
@@ -337,8 +462,10 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     if throw:
         ts = result.error_if(ts, result == RESULTS.diverged)
     ys, zs = ys if controller_state else (ys, None)
-    return Solution(ts, q, v, qdot, vdot, hol, vel, energy, force, lam, ys, result,
-                    dt_taken, stats, None if energy is None else context.e0, zs)
+    arrays, static = eqx.partition(context, eqx.is_array)
+    return Solution(ts, q, v, hol, vel, energy, ys, result, dt_taken, stats,
+                    None if energy is None else context.e0, zs, arrays,
+                    _Static(static), jnp.asarray(dt, ts.dtype))
 
 
 def stack_saved(t0=None, ts=None, steps=None, t1=None):

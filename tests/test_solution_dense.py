@@ -53,9 +53,10 @@ _evaluate = jax.jit(lambda sol, t: sol.evaluate(t))
 
 
 def _rows(sol, f):
-    """`sol` with `f` applied to the saved rows that `evaluate` reads."""
-    return eqx.tree_at(lambda s: (s.ts, s.q, s.v, s.qdot, s.vdot), sol,
-                       tuple(f(x) for x in (sol.ts, sol.q, sol.v, sol.qdot, sol.vdot)))
+    """`sol` with `f` applied to the saved rows that `evaluate` reads (the rates
+    `qdot`, `vdot` follow from the formulation's state)."""
+    return eqx.tree_at(lambda s: (s.ts, s.q, s.v, s.state), sol,
+                       jax.tree.map(f, (sol.ts, sol.q, sol.v, sol.state)))
 
 
 def _midpoint_errors(dt, until=None):
