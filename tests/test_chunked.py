@@ -50,6 +50,10 @@ def _chunked():
     return _sweep(final_state, INPUTS, chunk_size=CHUNK, progress=False)
 
 
+# A difference in the last bit (relative 2 eps_mach, with margin).
+LAST_BIT = 4 * float(np.finfo(np.float64).eps)
+
+
 def _assert_equal(a, b, rtol=0.0):
     assert jax.tree.structure(a) == jax.tree.structure(b)
     for x, y in zip(jax.tree.leaves(a), jax.tree.leaves(b)):
@@ -66,12 +70,13 @@ def test_chunks_equal_one_vmapped_call():
     assert report.computed == [0, 1, 2] and report.loaded == []
     assert report.width == CHUNK and report.compile_time > 0
     assert out["angle"].shape == (10,) and out["q"].shape == (10, 2)
-    # Another batch size may round differently in the last bit, no more.
-    _assert_equal(out, _reference(), rtol=1e-12)
+    # Another batch size may round differently in the last bit, no more (measured:
+    # identical on CPU).
+    _assert_equal(out, _reference(), rtol=LAST_BIT)
     # The pendulums fell (toward -pi/2) and stayed near their circles (dt = 0.05).
     assert np.all(out["angle"] < INPUTS["theta0"])
     np.testing.assert_allclose(np.linalg.norm(out["q"], axis=1), INPUTS["r"],
-                               rtol=1e-4)
+                               rtol=3e-5)  # measured 8.1e-6
     # The public function returns the same numbers (one compilation for both).
     _assert_equal(cdiff.studies.map_batches(final_state, INPUTS, chunk_size=CHUNK,
                                             progress=False), out)
@@ -192,7 +197,7 @@ def test_chunks_are_sharded_over_four_devices(tmp_path):
     out, report = _sweep(final_state, INPUTS, chunk_size=CHUNK + 1,
                          checkpoint=tmp_path, progress=False)
     assert report.loaded == [0, 1] and report.computed == []
-    _assert_equal(out, _reference(), rtol=1e-12)
+    _assert_equal(out, _reference(), rtol=LAST_BIT)
 
 
 def test_bad_input():
@@ -229,13 +234,15 @@ def test_gain_sweep_in_chunks_equals_one_call(tmp_path):
     if jax.default_backend() == "cpu":
         assert default.meta["chunks"] == 2 and "2 chunks of 4" in default.title
     for name in one.names:
-        np.testing.assert_allclose(default[name], one[name], rtol=1e-12, atol=0)
+        # (measured: identical; other chunk sizes may round differently in the
+        # last bit)
+        np.testing.assert_allclose(default[name], one[name], rtol=LAST_BIT, atol=0)
     chunked = cdiff.studies.gain_sweep(*args, n_save=5, chunk_size=3,
                                        checkpoint=tmp_path)
     assert len(chunked) == 8
     assert chunked.meta["chunks"] == 3 and "3 chunks of 3" in chunked.title
     for name in one.names:
-        np.testing.assert_allclose(chunked[name], one[name], rtol=1e-12, atol=0)
+        np.testing.assert_allclose(chunked[name], one[name], rtol=LAST_BIT, atol=0)
     np.testing.assert_array_equal(chunked.best["alpha"], one.best["alpha"])
     # Resumed whole from the checkpoint: the same table, nothing computed.
     resumed = cdiff.studies.gain_sweep(*args, n_save=5, chunk_size=3,

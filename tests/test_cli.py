@@ -264,7 +264,8 @@ def test_float32_diverged_solve_reports_and_writes_the_rows_before(tmp_path,
 def test_beta_defaults_to_alpha(monkeypatch, tmp_path, capsys):
     # (The two-step `_Pushed` model below: one quick compilation for both runs.)
     monkeypatch.setitem(cli.MODELS, "pushed", _Pushed)
-    for gains, beta in ((["--alpha", "5"], 5.0), (["--alpha", "5", "--beta", "2"], 2.0)):
+    cases = ((["--alpha", "5"], 5.0), (["--alpha", "5", "--beta", "2"], 2.0))
+    for gains, beta in cases:
         assert cli.main(["run", "pushed", "--formulation", "lagrange", *gains, "--out",
                          str(tmp_path), "--no-progress"]) == 0
         assert f"Lagrange(alpha=5.0, beta={beta})" in capsys.readouterr().out
@@ -341,7 +342,7 @@ def test_library_value_error_is_a_user_error(monkeypatch, tmp_path, capsys):
 @pytest.mark.parametrize("extra, bound", [
     (["--formulation", "projection", "--inertia", "Mc_sym"], 1e-12),
     (["--formulation", "null-space", "--alpha", "5"], 1.5e-8),
-    (["--formulation", "projection", "--projection", "newton"], 1e-14),
+    (["--formulation", "projection", "--projection", "newton"], 0.0),
 ])
 def test_other_formulations_run(extra, bound, tmp_path, capsys):
     code = cli.main(["run", "particle-on-circle", "--t1", "0.2", "--out",
@@ -349,7 +350,7 @@ def test_other_formulations_run(extra, bound, tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0
     line = next(x for x in out.splitlines() if x.startswith("max constraint error"))
-    assert float(line.split()[3]) < bound
+    assert float(line.split()[3]) <= bound
 
 
 def test_dae_run_stops_at_the_singular_configuration(tmp_path, capsys):
@@ -645,8 +646,7 @@ def test_regularized_run_equals_a_direct_simulate(monkeypatch, tmp_path, capsys)
         np.testing.assert_array_equal(data["ts"], sol.ts)
         # (The same computation: measured equal.)
         for key in ("q", "v", "holonomic_residual", "energy"):
-            np.testing.assert_allclose(data[key], getattr(sol, key), rtol=1e-12,
-                                       atol=1e-15, err_msg=key)
+            np.testing.assert_array_equal(data[key], getattr(sol, key), err_msg=key)
     assert settings["formulation_repr"] == "Regularized(eps=0.0001, h=0.05)"
     # The regularisation leaves a constraint error of the order of eps (measured
     # 2.1e-4), against 5.5e-9 for the default udwadia-kalaba.

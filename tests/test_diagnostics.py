@@ -35,7 +35,7 @@ def test_more_than_8192_saved_rows():
     rows, error = out.stdout.split()
     assert int(rows) == 9001
     # A sanity check of the rows, not an accuracy target: the error is round-off
-    # accumulated through the singular passages (1.5e-7 on an AMD EPYC host, 1e-7
-    # or less on the earlier one; halving dt makes it larger, 8.6e-7), where RK4's
-    # truncation error at dt = 1e-3 is below 1e-11.
-    assert float(error) < 1e-6
+    # accumulated through the singular passages (1.5e-7 on one AMD EPYC host,
+    # 6.6e-8 on another, 1e-7 or less on the earlier one; halving dt makes it
+    # larger, 8.6e-7), where RK4's truncation error at dt = 1e-3 is below 1e-11.
+    assert float(error) < 5e-7
