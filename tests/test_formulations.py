@@ -48,7 +48,7 @@ def test_slider_crank_constraint_correction_is_steady():
     # The energy correction must not disturb the constraint errors (Fig. 3a-b):
     # measured 1.4% apart.
     plain = slider_crank_run(UK_C, 1e-2)
-    assert _max(plain.holonomic_residual) == pytest.approx(_max(phi), rel=0.15)
+    assert _max(plain.holonomic_residual) == pytest.approx(_max(phi), rel=0.05)
 
 
 def test_slider_crank_energy_correction_stops_drift():
@@ -179,8 +179,8 @@ def test_particle_on_circle_baumgarte():
     # the frozen Braun-Goldfarb correction removes it at every step, leaving one
     # step's local error. Measured (error, slip): Lagrange 6.4e-9, 2.3e-10;
     # UK 3.0e-10, 2.7e-11; UK + energy 7.1e-9, 2.7e-11.
-    [(cdiff.Lagrange(alpha=2.0), 6e-8, 1e-9), (UK_C, 3e-9, 1e-10),
-     (UK_CE, 7e-8, 1e-10)],
+    [(cdiff.Lagrange(alpha=2.0), 2.5e-8, 1e-9), (UK_C, 1.2e-9, 1e-10),
+     (UK_CE, 3e-8, 1e-10)],
     ids=repr,
 )
 def test_skate_matches_exact_solution(formulation, error, slip):
@@ -226,7 +226,8 @@ def test_redundant_constraints_change_nothing(formulation):
     plain = cdiff.simulate(model, formulation, q0, v0, **kw)
     redundant = cdiff.simulate(Duplicated(model), formulation, q0, v0, **kw)
     # Round-off (measured 8.9e-15 for Baumgarte, 1.8e-15 for UK).
-    assert _max(plain.q - redundant.q) < 1e-13
+    bound = 4e-14 if isinstance(formulation, cdiff.Lagrange) else 8e-15
+    assert _max(plain.q - redundant.q) < bound
 
 
 def test_kkt_at_the_singular_configuration():
@@ -242,12 +243,12 @@ def test_kkt_at_the_singular_configuration():
     kin = cdiff.kinematics(model, 0.0, q, v)
     assert np.linalg.matrix_rank(np.asarray(kin.A_q)) == 4
     exact = np.array([0.0, 4.5, 0.0, 0.0, 4.5, 0.0])
-    for f in (cdiff.Lagrange(5.0, 5.0), UK_CE):
+    # Round-off (measured 2.5e-15 and 8.9e-15).
+    for f, bound in ((cdiff.Lagrange(5.0, 5.0), 1e-14), (UK_CE, 4e-14)):
         # The formulation's dynamics at (q, v), its per-step data taken with the
         # step dt = 1e-2 from there (the energy correction's E0 is E(q, v)).
         qdd, _, _ = dynamics_at(model, f, q, v, dt=1e-2)
-        # Round-off (measured 2.5e-15 and 8.9e-15).
-        np.testing.assert_allclose(qdd, exact, rtol=0, atol=1e-13)
+        np.testing.assert_allclose(qdd, exact, rtol=0, atol=bound)
 
 
 def test_control_enters_through_the_input_matrix():
@@ -263,7 +264,7 @@ def test_control_enters_through_the_input_matrix():
     q0, v0 = model.initial_state()
     torque = lambda t, q, v: jnp.stack([2.0 + jnp.sin(3.0 * t)])  # noqa: E731
     # Measured 6.3e-11 (Baumgarte), 5.8e-12 (UK).
-    for f, bound in ((cdiff.Lagrange(10.0, 10.0), 6e-10), (UK_C, 6e-11)):
+    for f, bound in ((cdiff.Lagrange(10.0, 10.0), 2.5e-10), (UK_C, 2.5e-11)):
         sol = cdiff.simulate(model, f, q0, v0, t1=2.0, dt=1e-3, control=torque,
                              saveat=cdiff.SaveAt(t1=True))
         phi = jnp.arctan2(sol.q[-1, 1], sol.q[-1, 0])
@@ -298,4 +299,4 @@ def test_adaptive_diffrax_solvers(solver):
     ref = model.reference(sol.ts)
     err = _max(model.slider(sol.q) - model.slider(ref.q))
     # Measured 1.3e-8 (Tsit5), 9.6e-10 (Kvaerno5).
-    assert err < {"Tsit5": 1e-7, "Kvaerno5": 1e-8}[type(solver).__name__], err
+    assert err < {"Tsit5": 5e-8, "Kvaerno5": 4e-9}[type(solver).__name__], err

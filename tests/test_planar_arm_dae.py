@@ -67,17 +67,28 @@ def test_ggl_bdf_agrees_with_lagrange_rk4(curve):
     runs, rk4 = _ggl_runs(), _rk4_runs()
     exact = PlanarArmOnCurve(curve).reference(FREE).q
     err = {}
+    # Bounds on the position and velocity constraints. Measured: x = 1 7.4e-10 and
+    # 9.5e-9 at rtol = 1e-8, 6.7e-11 and 1.3e-9 at 1e-9; circle 2.9e-15 and 1.5e-15
+    # at both.
+    constraint_bounds = {("line_x1", 1e-8): (3e-9, 1e-8),
+                         ("line_x1", 1e-9): (3e-10, 5e-9),
+                         ("circle", 1e-8): (1.2e-14, 6e-15),
+                         ("circle", 1e-9): (1.2e-14, 6e-15)}
     for j, rtol in enumerate((1e-8, 1e-9)):
         sol = _pick(runs, j, i)
         assert bool(sol.succeeded), sol.message
         q = np.asarray(sol.q)
-        # At rest until the release (to round-off).
-        np.testing.assert_allclose(q[TS < 0.5], np.broadcast_to(q[0], q[TS < 0.5].shape),
-                                   rtol=0, atol=1e-14)
+        # At rest until the release (to round-off: measured 4.4e-16 on the circle,
+        # 0 on x = 1).
+        held = q[TS < 0.5]
+        np.testing.assert_allclose(held, np.broadcast_to(q[0], held.shape), rtol=0,
+                                   atol=2e-15)
         err[rtol] = float(np.abs(q[TS >= 0.5] - np.asarray(rk4.q[i])).max())
-        # The constraints hold to far below the tolerance (GGL's point).
-        assert float(sol.max_constraint_error) < 1e-8
-        assert float(np.abs(sol.velocity_residual).max()) < 1e-8
+        # The position constraints hold to far below the tolerance (GGL's point);
+        # on x = 1 the velocity constraints only to about the tolerance.
+        c_bound, v_bound = constraint_bounds[curve, rtol]
+        assert float(sol.max_constraint_error) < c_bound
+        assert float(np.abs(sol.velocity_residual).max()) < v_bound
     # RK4 at dt = 1e-4 is itself exact here: measured 1.8e-11 (x = 1), 6.5e-12 (circle).
     assert float(np.abs(rk4.q[i] - exact).max()) < (1e-10 if curve == "line_x1"
                                                      else 6e-11)
@@ -85,7 +96,7 @@ def test_ggl_bdf_agrees_with_lagrange_rk4(curve):
     # local tolerance where link 2 whips round at 16 rad/s) and 3.2e-7 at 1e-9;
     # circle: 3.3e-7 and 5.4e-8. The 1e-6 holds at rtol = 1e-8 on the
     # circle and at 1e-9 on x = 1.
-    assert err[1e-9] < 1e-6, err
+    assert err[1e-9] < (2e-7 if curve == "circle" else 1e-6), err
     assert err[1e-8] < (1e-6 if curve == "circle" else 3e-6), err
     assert err[1e-9] < err[1e-8] / 5
 
@@ -104,7 +115,7 @@ def test_ggl_bdf_stops_at_the_singular_configuration_of_x0():
     ref = np.asarray(model.reference(fine).q)
     t_cross = float(fine[np.argmin(np.abs(ref[:, 0]))])
     assert abs(t_stop - t_cross) < 1e-5, (t_stop, t_cross)
-    np.testing.assert_allclose(q_stop, [0.0, np.pi], atol=1e-5)
+    np.testing.assert_allclose(q_stop, [0.0, np.pi], rtol=0, atol=4e-9)  # 8.2e-10
     assert float(np.asarray(sol.ts)[valid][-1]) < t_stop
     message = sol.message
     assert "singular configuration" in message
@@ -124,7 +135,7 @@ def test_regularized_integrates_through_x0_singularities():
                          t1=3.0, dt=1e-4, saveat=cdiff.SaveAt(ts=ts))
     q = np.asarray(sol.q)
     assert np.all(np.isfinite(q))
-    assert float(sol.max_constraint_error) < 1e-6
+    assert float(sol.max_constraint_error) < 1.5e-7  # measured 3.2e-8
     # Through (0, pi) at 1.09 s and (pi, pi) at 1.66 s, along the exact solution
     # (the symmetric family) to 1e-3 (measured 8.2e-4: the regularisation's own
     # error, made at the singular passages; 2.0e-3 with h = 1e-2).
@@ -140,8 +151,9 @@ def test_differential_index_of_r8():
     model = PlanarArmOnCurve("line_x0")
     for q in ([0.0, np.pi], [np.pi, np.pi]):
         assert cdiff.analysis.differential_index(model, 0.0, jnp.array(q)) is None
+        # Measured 1.1e-32 and 3.2e-32 (the square of a round-off row).
         assert float(cdiff.analysis.reduction_index_matrix(model, 0.0,
-                                                           jnp.array(q)).det) < 1e-30
+                                                           jnp.array(q)).det) < 1e-31
 
 
 def test_index_one_form_agrees_with_sundials_ida():
@@ -153,19 +165,19 @@ def test_index_one_form_agrees_with_sundials_ida():
     formulation = cdiff.IndexOne().bind(model, 0.5, q0, v0)
     context = cdiff.Context(model, None, jnp.asarray(jnp.nan), None,
                             formulation)
-    x0, xdot0 = formulation.consistent(0.5, formulation.init_state(0.5, q0, v0, context),
-                                       context)
+    x0, xdot0 = formulation.consistent(
+        0.5, formulation.init_state(0.5, q0, v0, context), context)
     residual = jax.jit(lambda t, x, xd: formulation.residual(t, x, xd, context))
     algebraic = np.flatnonzero(formulation.algebraic)
     _, xs = ida_solve(lambda t, y, yp: np.asarray(residual(t, y, yp)), np.asarray(ts),
                       np.asarray(x0), np.asarray(xdot0), algebraic=algebraic,
                       rtol=1e-10, atol=1e-10)
     err = np.abs(xs[:, :2] - np.asarray(sol.q)).max()
-    assert err < 1e-6, err
-    # Both against the exact reference.
+    assert err < 1.5e-7, err  # measured 3.8e-8
+    # Both against the exact reference (measured 3.8e-9 and 4.1e-8).
     exact = np.asarray(model.reference(ts).q)
-    assert np.abs(xs[:, :2] - exact).max() < 1e-6
-    assert np.abs(np.asarray(sol.q) - exact).max() < 1e-6
+    assert np.abs(xs[:, :2] - exact).max() < 1.5e-8
+    assert np.abs(np.asarray(sol.q) - exact).max() < 1.5e-7
 
 
 # The derivative through BDF with respect to a link mass (reverse and forward mode
