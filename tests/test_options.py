@@ -24,7 +24,7 @@ def test_udwadia_kalaba_without_constraint_correction():
     only, and the constraints drift (with the correction they hold at 1.2e-13)."""
     sol = cdiff.simulate(CRANK, cdiff.UdwadiaKalaba(constraint_correction=False),
                          Q0, V0, t1=T1, dt=1e-3, saveat=cdiff.SaveAt(ts=TS))
-    assert np.abs(np.asarray(sol.q) - REF_Q).max() < 3e-9  # measured 2.7e-10
+    assert np.abs(np.asarray(sol.q) - REF_Q).max() < 1e-9  # measured 2.7e-10
     phi = np.abs(np.asarray(sol.holonomic_residual)).max(axis=1)
     assert 1e-11 < phi.max() < 1e-9  # measured 1.5e-10: drift, not round-off
     assert phi[100:].max() > phi[:100].max()  # measured 1.5e-10 against 9.8e-11
@@ -45,10 +45,11 @@ def test_float32_against_float64():
     err64 = np.abs(np.asarray(s64.q[1:]) - exact).max()
     err32 = np.abs(np.asarray(s32.q[1:], np.float64) - exact).max()
     assert err64 < 1e-6  # measured 1.6e-7 (RK4 at dt = 1e-2)
-    assert err32 < 2e-5  # measured 1.9e-6
+    assert err32 < 8e-6  # measured 1.9e-6
     assert float(s32.max_constraint_error) < 3e-6  # measured 3.6e-7 (3 float32 ulps of 1)
     assert float(s64.max_constraint_error) < 1e-7  # measured 1.1e-8
-    assert np.abs(np.asarray(s32.q, np.float64) - np.asarray(s64.q)).max() < 2e-5
+    # (measured 1.9e-6)
+    assert np.abs(np.asarray(s32.q, np.float64) - np.asarray(s64.q)).max() < 8e-6
 
 
 def test_mass_weighted_newton_projection_is_more_accurate_on_r2():
@@ -64,8 +65,8 @@ def test_mass_weighted_newton_projection_is_more_accurate_on_r2():
         sol = cdiff.simulate(CRANK, cdiff.Projection(), Q0, V0, t1=T1, dt=1e-3,
                              solver=solver, saveat=cdiff.SaveAt(ts=TS))
         errors[weighted] = np.abs(np.asarray(sol.q[-1]) - REF_Q[-1]).max()
-        assert float(sol.max_constraint_error) < 1e-14  # measured 2.8e-16 and 1.1e-16
-    assert errors[True] < 5e-11  # measured 5.0e-12
+        assert float(sol.max_constraint_error) < 4e-15  # measured 8.9e-16 and 1.1e-15
+    assert errors[True] < 2e-11  # measured 5.0e-12
     assert errors[False] < 2e-9  # measured 2.3e-10
     assert errors[False] > 10 * errors[True]  # measured 45 times
 
