@@ -17,6 +17,7 @@ Run (the whole suite, or any selection; the checks and results are unchanged):
     CDIFF_TOLERANCE_LOG=/tmp/tol PYTHONPATH=.ci pytest -p tolerance_audit \\
         -o enable_assertion_pass_hook=true
     python .ci/tolerance_audit.py /tmp/tol          # one row per check site
+    python .ci/tolerance_audit.py /tmp/tol --sample 10 --seed 23  # the acceptance
 
 `.ci/tolerances.txt` is the table of the last whole run (the default suite and the
 slow tier). A site checked several times (a loop, a parametrized test) reports its
@@ -130,14 +131,15 @@ def pytest_assertion_pass(item, lineno, orig, expl):
     measured, bound = (left, right) if op.startswith("<") else (right, left)
     file, _ = _site(skip=1)
     _write(dict(kind="compare", file=file, line=lineno, source=orig[:200],
-                measured=abs(measured), bound=abs(bound)))
+                measured=abs(measured), bound=abs(bound), lower=op.startswith(">")))
 
 
-def report(directory: str) -> list[dict]:
+def report(*directories: str) -> list[dict]:
     """One row per check site: the bound, the largest measured value and the ratio
     (bound / measured; inf for an exact pass)."""
     sites: dict[tuple, dict] = {}
-    for path in sorted(Path(directory).glob("*.jsonl")):
+    paths = [p for d in directories for p in sorted(Path(d).glob("*.jsonl"))]
+    for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
             key = (r["file"], r["line"])
@@ -153,19 +155,35 @@ def report(directory: str) -> list[dict]:
             if row is None or ratio < row["ratio"]:
                 sites[key] = dict(file=r["file"], line=r["line"], test=r["test"],
                                   bound=bound, measured=measured, ratio=ratio,
-                                  kind=r["kind"])
+                                  kind="lower bound" if r.get("lower") else r["kind"])
     return sorted(sites.values(), key=lambda r: (r["file"], r["line"]))
 
 
 def main(argv: list[str]) -> None:
-    rows = report(argv[0])
+    import argparse
+
+    parser = argparse.ArgumentParser(description="The tolerance audit's table.")
+    parser.add_argument("directories", nargs="+", help="CDIFF_TOLERANCE_LOG folders")
+    parser.add_argument("--sample", type=int, default=0, help="only N tolerance "
+                        "sites drawn at random (lower bounds left out)")
+    parser.add_argument("--seed", type=int, default=23)
+    args = parser.parse_args(argv)
+    rows = report(*args.directories)
+    if args.sample:
+        import random
+
+        tolerances = [r for r in rows if r["kind"] != "lower bound"]
+        rows = random.Random(args.seed).sample(tolerances, args.sample)
+        print(f"{args.sample} of {len(tolerances)} tolerance sites, seed {args.seed}")
     above = [r for r in rows if r["ratio"] > 10]
+    lower = sum(r["kind"] == "lower bound" for r in rows)
     print(f"{len(rows)} check sites; {len(rows) - len(above)} within 10x of the "
-          f"measured value, {len(above)} above (inf: exact or measured 0)")
-    print("file:line | bound | measured (abs) | bound/measured | test")
+          f"measured value, {len(above)} above (inf: measured 0); {lower} lower "
+          "bounds (x > bound: the ratio is how far x clears it)")
+    print("file:line | bound | measured (abs) | bound/measured | kind | test")
     for r in rows:
         print(f"{r['file']}:{r['line']} | {r['bound']} | {r['measured']:.2e} | "
-              f"{r['ratio']:.3g} | {r['test']}")
+              f"{r['ratio']:.3g} | {r['kind']} | {r['test']}")
 
 
 if __name__ == "__main__":
