@@ -303,11 +303,11 @@ def rates(formulation: AbstractFormulation, context: Context, t, y, dyn):
     return qdot, vdot
 
 
-def _along(one, ts, ys, empty):
+def _along(one, ts, ys, empty=None):
     """`one(t, y)` (a tuple of arrays or `None`) at every saved row; the rows of
     unused saves (`ts` inf) are evaluated at a zero state and come out inf.
-    `empty[i]`: output `i` has no entries (its shape is then taken from
-    `jax.eval_shape`)."""
+    `empty[i]`: output `i` has no entries (default: from `jax.eval_shape`, one
+    more trace of `one`)."""
     valid = jnp.isfinite(ts)
     safe_ys = jax.tree.map(
         lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
@@ -318,14 +318,19 @@ def _along(one, ts, ys, empty):
     # callback deadlocks XLA's CPU runtime (jaxlib 0.10.2). lax.map's chunking
     # fails on outputs of size zero (a model without holonomic rows), so those
     # are made directly.
+    def shapes():
+        return jax.eval_shape(jax.vmap(lambda a: one(*a)), args)
+
+    if empty is None:
+        empty = [s is not None and s.size == 0 for s in shapes()]
+
     def nonempty(a):
         return tuple(None if e else x for x, e in zip(one(*a), empty))
 
     out = jax.lax.map(nonempty, args, batch_size=_DIAGNOSTICS_CHUNK)
     if any(empty):
-        shapes = jax.eval_shape(jax.vmap(lambda a: one(*a)), args)
         out = tuple(jnp.zeros(s.shape, s.dtype) if e else x
-                    for x, s, e in zip(out, shapes, empty))
+                    for x, s, e in zip(out, shapes(), empty))
 
     def mask(x):
         if x is None:
@@ -336,10 +341,8 @@ def _along(one, ts, ys, empty):
     return tuple(mask(x) for x in out)
 
 
-def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys, *,
-                holonomic_rows: int, rows: int):
-    r"""Constraint residuals, energy and `(q, v)` along saved states (`holonomic_rows`
-    and `rows`: the sizes of $\Phi_q$ and $[\dot\Phi_q; \Phi_v]$)."""
+def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys):
+    """Constraint residuals, energy and `(q, v)` along saved states."""
     model = context.model
 
     def one(t, y):
@@ -347,7 +350,7 @@ def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys, *,
         hol, vel = residuals(model, t, q, v)
         return hol, vel, model.energy(t, q, v), q, v
 
-    return _along(one, ts, ys, (holonomic_rows == 0, rows == 0, False, False, False))
+    return _along(one, ts, ys)
 
 
 def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, ys,
@@ -422,17 +425,6 @@ def _batched_dynamics(context, dt, ts, ys, *, rows: int, batch: int):
     return fn(context, dt, ts, ys)
 
 
-def _row_sizes(formulation, context, ts, ys) -> tuple[int, int]:
-    """The numbers of holonomic rows and of all constraint rows, from shapes."""
-    row = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), ys)
-
-    def sizes(t, y):
-        return residuals(context.model, t, *formulation.coordinates(t, y, context))
-
-    hol, vel = jax.eval_shape(sizes, jax.ShapeDtypeStruct((), ts.dtype), row)
-    return hol.shape[0], vel.shape[0]
-
-
 def build_solution(formulation: AbstractFormulation, context: Context,
                    trajectory: Trajectory, state0, *, dt, dt_taken, throw: bool,
                    divergence, controller_state: bool = False) -> Solution:
@@ -443,9 +435,7 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     `controller_state`, the saved states are `(y, z)` (a formulation wrapped with
     a stateful controller's state `z`), saved apart."""
     ts, ys, result = trajectory.ts, trajectory.ys, trajectory.result
-    m, k = _row_sizes(formulation, context, ts, ys)
-    hol, vel, energy, q, v = diagnostics(formulation, context, ts, ys,
-                                         holonomic_rows=m, rows=k)
+    hol, vel, energy, q, v = diagnostics(formulation, context, ts, ys)
     if result._enumeration is not RESULTS:
         result = RESULTS.promote(result)
     stats = dict(trajectory.stats)
