@@ -55,8 +55,12 @@ class Solution(eqx.Module):
       [`cdiff.UdwadiaKalaba`][] (the nonideal energy-correction force is not
       included), eq. 32 for [`cdiff.Projection`][].
     - `multipliers`: $\lambda$ with $Q_c = A_v^T\lambda$, shape `(T, m + p)`. It is
-      unique only when $A_v$ has full row rank (Aghili, Remark 4); at a singular or
-      redundant configuration it is the minimum-norm choice.
+      unique only when $A_v$ has full row rank (Aghili, Remark 4). At a singular or
+      redundant configuration its part in the range of $A_v$ is the minimum-norm
+      choice; the damped pseudoinverse adds round-off, amplified by the damping,
+      along the null space of $A_v^T$, which $A_v^T\lambda$ does not see (on
+      random three-row Jacobians of rank one or two: up to 4e-3 for multipliers
+      of size 1).
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
     - `controller_state`: the state $z$ of a

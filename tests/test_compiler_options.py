@@ -75,6 +75,11 @@ def _run(tmp_path, *args, **env):
     out = tmp_path / "out.npz"
     environ = {k: v for k, v in os.environ.items()
                if k not in ("XLA_FLAGS", _xla.ENV)}
+    # The suite's own flag (conftest.py) is kept, so that results compare with
+    # this process's; cdiff's flag is what the new process decides.
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if _xla._FLAG not in f]
+    if kept and "XLA_FLAGS" not in env:
+        environ["XLA_FLAGS"] = " ".join(kept)
     subprocess.run([sys.executable, "-c", _PROGRAM, str(out), *args],
                    env={**environ, **env}, check=True, cwd=ROOT, timeout=300)
     with np.load(out) as f:

@@ -279,7 +279,9 @@ def test_own_loop_long_solve_checkpoints_blocks(monkeypatch):
     assert routes == ["_OwnRK4", "_Diffrax"]
     assert abs(float(per_step)) > 1e-2
     np.testing.assert_allclose(own, per_step, rtol=5e-16)  # measured 1.6e-16
-    np.testing.assert_array_equal(own, general)  # measured equal
+    # Two programs: equal with XLA's default fusion emitter, 3.3e-16 apart (1.5
+    # ulp) with the suite's (conftest.py).
+    np.testing.assert_allclose(own, general, rtol=1e-15, atol=0)
 
 
 @pytest.mark.parametrize("save", ["default", "t1", "ts"])

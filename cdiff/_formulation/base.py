@@ -69,7 +69,8 @@ class Dynamics(eqx.Module):
       cdiff's sign convention $M\ddot q = Q + Eu + Q_c$.
     - `multipliers`: $\lambda$ with $Q_c = A_v^T\lambda$, one per row of
       $A_v = [A_q; \partial\Phi_v/\partial v]$. Unique only when $A_v$ has full row
-      rank (Aghili, Remark 4); otherwise the minimum-norm choice.
+      rank (Aghili, Remark 4); otherwise the minimum-norm choice up to round-off
+      along the null space of $A_v^T$ (see `multipliers` in [`cdiff.Solution`][]).
     """
 
     rate: PyTree

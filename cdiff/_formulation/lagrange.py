@@ -29,7 +29,9 @@ class Lagrange(AbstractFormulation):
     $\begin{bmatrix} M & A_v^T \\ A_v & 0\end{bmatrix}$ is solved by its Schur
     complement $A_v M^{-1} A_v^T\lambda = r$ through the Cholesky factor of $M$ and
     cdiff's smooth pseudoinverse (`cdiff/_linalg.py`), so redundant or
-    rank-deficient constraints give the minimum-norm multipliers rather than NaN.
+    rank-deficient constraints give finite multipliers rather than NaN: the
+    minimum-norm ones plus round-off along the null space of $A_v^T$ (see
+    `multipliers` in [`cdiff.Solution`][]).
 
     With `alpha = beta = 0` the position and velocity constraint errors drift
     (they are only enforced at acceleration level).
