@@ -7,10 +7,17 @@ that passes, the bound and the value it was checked against:
 - `np.testing.assert_allclose(actual, desired, rtol, atol)`: the fraction of the
   allowance used, max |actual - desired| / (atol + rtol |desired|), whose inverse is
   the ratio of bound to measured;
-- `assert x < bound` (and `<=`) with numbers on both sides, through pytest's
-  assertion-pass hook: bound / x. A lower bound, `assert x > bound`, is listed with
-  the columns swapped (ratio x / bound: how far x clears it); such rows (a
-  condition number above 1e12, a transient above 1) are not accuracy tolerances.
+- `assert x < bound` (and `<=`) with numbers, or arithmetic of numbers
+  (`k * norm(y)`), on both sides, through pytest's assertion-pass hook: bound / x.
+  A lower bound, `assert x > bound`, is listed with the columns swapped (ratio
+  x / bound: how far x clears it); such rows (a condition number above 1e12, a
+  transient above 1) are not accuracy tolerances;
+- `x == pytest.approx(y, rel, abs)`: |x - y| against the tolerance approx uses.
+
+A check that measured exactly 0 has no finite ratio. For `assert_allclose` the table
+then gives the bound in units in the last place (ulp) of the largest compared
+value, the finest difference floating point can show there: a bound of a few ulp on
+a measured 0 is as close as a bound can be.
 
 Run (the whole suite, or any selection; the checks and results are unchanged):
 
@@ -75,10 +82,14 @@ def _wrap_allclose(original):
         allowance = atol + rtol * np.abs(d)
         used = np.where(finite & (allowance > 0),
                         err / np.where(allowance > 0, allowance, 1.0), 0.0)
+        dtype = np.result_type(np.asarray(actual), np.asarray(desired))
+        eps = np.finfo(dtype if np.issubdtype(dtype, np.floating) else float).eps
         file, line = _site(skip=3)
         _write(dict(kind="allclose", file=file, line=line, rtol=float(rtol),
                     atol=float(atol), used=float(np.max(used, initial=0.0)),
-                    max_abs=float(np.max(np.where(finite, err, 0.0), initial=0.0))))
+                    max_abs=float(np.max(np.where(finite, err, 0.0), initial=0.0)),
+                    scale=float(np.max(np.where(finite, np.abs(d), 0.0), initial=0.0)),
+                    eps=float(eps)))
 
     def assert_allclose(actual, desired, rtol=1e-7, atol=0, *args, **kwargs):
         original(actual, desired, rtol, atol, *args, **kwargs)  # raises as before
@@ -94,28 +105,93 @@ def _wrap_allclose(original):
 _NUMBER = re.compile(r"[-+]?(?:\d+\.\d*|\.\d+|\d+)(?:[eE][-+]?\d+)?|[-+]?inf|nan")
 
 
+_WRAPPED = re.compile(r"[A-Za-z_][\w.]*\(\s*([^(),]*?)\s*(?:, dtype=\w+)?"
+                      r"(?:, weak_type=\w+)?\)")
+
+
+def _arithmetic(node) -> float:
+    """The value of an expression of numbers and + - * / ** (ast), else ValueError."""
+    import ast
+    import operator
+
+    ops = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
+           ast.Div: operator.truediv, ast.Pow: operator.pow}
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float)):
+        return float(node.value)
+    if isinstance(node, ast.Name) and node.id in ("inf", "nan"):
+        return float(node.id)
+    if isinstance(node, ast.UnaryOp) and isinstance(node.op, (ast.USub, ast.UAdd)):
+        value = _arithmetic(node.operand)
+        return -value if isinstance(node.op, ast.USub) else value
+    if isinstance(node, ast.BinOp) and type(node.op) in ops:
+        return ops[type(node.op)](_arithmetic(node.left), _arithmetic(node.right))
+    raise ValueError(node)
+
+
 def _value(text: str) -> float | None:
     """A number printed by pytest's explanation (`1e-10`, `np.float64(3.2e-12)`,
-    `Array(2.1e-9, dtype=float64)`), else None."""
-    text = text.strip()
-    inner = re.fullmatch(r"[\w.]+\((.*?)(?:, dtype=\w+)?(?:, weak_type=\w+)?\)", text)
-    if inner:
-        text = inner.group(1)
+    `Array(2.1e-9, dtype=float64)`), or an arithmetic expression of such numbers,
+    as pytest prints a bound written `k * norm(x)`: `(4 * Array(3.2, ...))`; else
+    None."""
+    import ast
+
+    text = _WRAPPED.sub(lambda m: f"({m.group(1)})", text.strip())
     if _NUMBER.fullmatch(text):
         return float(text)
-    return None
+    try:
+        return _arithmetic(ast.parse(text, mode="eval").body)
+    except (SyntaxError, ValueError, TypeError, ZeroDivisionError, OverflowError,
+            RecursionError):
+        return None
+
+
+def _wrap_approx(original):
+    """`pytest.approx`'s scalar comparison (arrays and sequences compare element by
+    element through it): records |actual - expected| against the tolerance."""
+
+    def __eq__(self, actual):
+        result = original(self, actual)
+        try:
+            if result and not isinstance(self.expected, bool):
+                measured = float(abs(self.expected - actual))
+                bound = float(self.tolerance)
+                file, line = _site(skip=2)
+                _write(dict(kind="approx", file=file, line=line, measured=measured,
+                            bound=bound, lower=False))
+        except Exception:  # noqa: BLE001 (an array: its elements come through here)
+            pass
+        return result
+
+    return __eq__
 
 
 def pytest_configure(config):
     if not _LOG:
         return
     import numpy.testing
+    import pytest
 
     numpy.testing.assert_allclose = _wrap_allclose(numpy.testing.assert_allclose)
+    scalar = type(pytest.approx(1.0))
+    scalar.__eq__ = _wrap_approx(scalar.__eq__)
 
 
 def pytest_runtest_setup(item):
     _current["test"] = item.nodeid
+
+
+def _sign_check(source: str) -> bool:
+    """Whether the assertion compares with a literal zero (`0 <= x`, `x < 0`): a
+    sign, not a tolerance."""
+    import ast
+
+    try:
+        node = ast.parse(source.strip(), mode="eval").body
+    except SyntaxError:
+        return False
+    return isinstance(node, ast.Compare) and any(
+        isinstance(c, ast.Constant) and c.value == 0 and not isinstance(c.value, bool)
+        for c in [node.left, *node.comparators])
 
 
 def pytest_assertion_pass(item, lineno, orig, expl):
@@ -126,7 +202,7 @@ def pytest_assertion_pass(item, lineno, orig, expl):
     if not match:
         return
     left, op, right = _value(match.group(1)), match.group(2), _value(match.group(3))
-    if left is None or right is None:
+    if left is None or right is None or _sign_check(orig):
         return
     measured, bound = (left, right) if op.startswith("<") else (right, left)
     file, _ = _site(skip=1)
@@ -143,11 +219,17 @@ def report(*directories: str) -> list[dict]:
         for line in path.read_text(encoding="utf-8").splitlines():
             r = json.loads(line)
             key = (r["file"], r["line"])
+            ulps = None
             if r["kind"] == "allclose":
                 ratio = math.inf if r["used"] == 0 else 1.0 / r["used"]
                 bound = f"rtol={r['rtol']:g}, atol={r['atol']:g}"
                 measured = r["max_abs"]
-            else:
+                if r["used"] == 0 and r.get("scale", 0) > 0:
+                    # An exact pass: the bound in units in the last place of the
+                    # largest compared value, the finest difference it can see.
+                    allowance = r["atol"] + r["rtol"] * r["scale"]
+                    ulps = allowance / (r["eps"] * r["scale"])
+            else:  # compare, approx
                 ratio = math.inf if r["measured"] == 0 else r["bound"] / r["measured"]
                 bound = f"{r['bound']:.3g}"
                 measured = r["measured"]
@@ -155,7 +237,10 @@ def report(*directories: str) -> list[dict]:
             if row is None or ratio < row["ratio"]:
                 sites[key] = dict(file=r["file"], line=r["line"], test=r["test"],
                                   bound=bound, measured=measured, ratio=ratio,
-                                  kind="lower bound" if r.get("lower") else r["kind"])
+                                  kind="lower bound" if r.get("lower") else r["kind"],
+                                  ulps=ulps)
+            elif ratio == row["ratio"] == math.inf and ulps is not None:
+                row["ulps"] = max(ulps, row["ulps"] or 0.0)
     return sorted(sites.values(), key=lambda r: (r["file"], r["line"]))
 
 
@@ -176,14 +261,19 @@ def main(argv: list[str]) -> None:
         rows = random.Random(args.seed).sample(tolerances, args.sample)
         print(f"{args.sample} of {len(tolerances)} tolerance sites, seed {args.seed}")
     above = [r for r in rows if r["ratio"] > 10]
+    ulp_level = [r for r in above if r["ulps"] is not None and r["ulps"] <= 10]
     lower = sum(r["kind"] == "lower bound" for r in rows)
     print(f"{len(rows)} check sites; {len(rows) - len(above)} within 10x of the "
-          f"measured value, {len(above)} above (inf: measured 0); {lower} lower "
+          f"measured value, {len(ulp_level)} measured 0 and bounded within 10 ulp, "
+          f"{len(above) - len(ulp_level)} above (inf: measured 0); {lower} lower "
           "bounds (x > bound: the ratio is how far x clears it)")
     print("file:line | bound | measured (abs) | bound/measured | kind | test")
     for r in rows:
+        ratio = f"{r['ratio']:.3g}"
+        if r["ulps"] is not None:
+            ratio += f" ({r['ulps']:.3g} ulp)"
         print(f"{r['file']}:{r['line']} | {r['bound']} | {r['measured']:.2e} | "
-              f"{r['ratio']:.3g} | {r['kind']} | {r['test']}")
+              f"{ratio} | {r['kind']} | {r['test']}")
 
 
 if __name__ == "__main__":
