@@ -12,7 +12,12 @@ that passes, the bound and the value it was checked against:
   A lower bound, `assert x > bound`, is listed with the columns swapped (ratio
   x / bound: how far x clears it); such rows (a condition number above 1e12, a
   transient above 1) are not accuracy tolerances;
-- `x == pytest.approx(y, rel, abs)`: |x - y| against the tolerance approx uses.
+- `x == pytest.approx(y, rel, abs)`: |x - y| against the tolerance approx uses
+  (note: with `rel` alone, approx allows abs = 1e-12 as well).
+
+An assert whose line carries the comment `# not a tolerance: ...` (an ordering of
+two errors, a ratio of two timings, a convergence order) is listed apart, as lower
+bounds are, and left out of `--sample`.
 
 A check that measured exactly 0 has no finite ratio. For `assert_allclose` the table
 then gives the bound in units in the last place (ulp) of the largest compared
@@ -36,6 +41,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import linecache
 import math
 import os
 import re
@@ -180,6 +186,12 @@ def pytest_runtest_setup(item):
     _current["test"] = item.nodeid
 
 
+#: A comment on the assert's line that says it checks no accuracy (an ordering of
+#: two errors, a ratio of timings, a convergence order): listed apart, like lower
+#: bounds, and left out of the sample.
+_MARK = "not a tolerance"
+
+
 def _sign_check(source: str) -> bool:
     """Whether the assertion compares with a literal zero (`0 <= x`, `x < 0`): a
     sign, not a tolerance."""
@@ -207,7 +219,8 @@ def pytest_assertion_pass(item, lineno, orig, expl):
     measured, bound = (left, right) if op.startswith("<") else (right, left)
     file, _ = _site(skip=1)
     _write(dict(kind="compare", file=file, line=lineno, source=orig[:200],
-                measured=abs(measured), bound=abs(bound), lower=op.startswith(">")))
+                measured=abs(measured), bound=abs(bound), lower=op.startswith(">"),
+                other=_MARK in linecache.getline(str(item.path), lineno)))
 
 
 def report(*directories: str) -> list[dict]:
@@ -237,7 +250,8 @@ def report(*directories: str) -> list[dict]:
             if row is None or ratio < row["ratio"]:
                 sites[key] = dict(file=r["file"], line=r["line"], test=r["test"],
                                   bound=bound, measured=measured, ratio=ratio,
-                                  kind="lower bound" if r.get("lower") else r["kind"],
+                                  kind=("lower bound" if r.get("lower") else
+                                        _MARK if r.get("other") else r["kind"]),
                                   ulps=ulps)
             elif ratio == row["ratio"] == math.inf and ulps is not None:
                 row["ulps"] = max(ulps, row["ulps"] or 0.0)
@@ -257,16 +271,18 @@ def main(argv: list[str]) -> None:
     if args.sample:
         import random
 
-        tolerances = [r for r in rows if r["kind"] != "lower bound"]
+        tolerances = [r for r in rows if r["kind"] not in ("lower bound", _MARK)]
         rows = random.Random(args.seed).sample(tolerances, args.sample)
         print(f"{args.sample} of {len(tolerances)} tolerance sites, seed {args.seed}")
-    above = [r for r in rows if r["ratio"] > 10]
+    other = [r for r in rows if r["kind"] in ("lower bound", _MARK)]
+    above = [r for r in rows if r["ratio"] > 10 and r not in other]
     ulp_level = [r for r in above if r["ulps"] is not None and r["ulps"] <= 10]
-    lower = sum(r["kind"] == "lower bound" for r in rows)
-    print(f"{len(rows)} check sites; {len(rows) - len(above)} within 10x of the "
-          f"measured value, {len(ulp_level)} measured 0 and bounded within 10 ulp, "
-          f"{len(above) - len(ulp_level)} above (inf: measured 0); {lower} lower "
-          "bounds (x > bound: the ratio is how far x clears it)")
+    print(f"{len(rows)} check sites, {len(rows) - len(other)} of them tolerances: "
+          f"{len(rows) - len(other) - len(above)} within 10x of the measured value, "
+          f"{len(ulp_level)} measured 0 and bounded within 10 ulp, "
+          f"{len(above) - len(ulp_level)} above (inf: measured 0). Not tolerances: "
+          f"{len(other)}, lower bounds (x > bound: the ratio is how far x clears "
+          f"it) and checks marked '{_MARK}'")
     print("file:line | bound | measured (abs) | bound/measured | kind | test")
     for r in rows:
         ratio = f"{r['ratio']:.3g}"
