@@ -61,7 +61,7 @@ def test_multipliers_match_gram_inverse_and_solve():
     pinv = PseudoInverse(jnp.asarray(C))
     lam = pinv.multipliers(jnp.asarray(r))
     # Full rank: lambda = (C C^T)^{-1} r and C^T lambda = C^+ r.
-    assert _rel(lam, np.linalg.solve(C @ C.T, r)) < 1.5e-15  # measured 3.8e-16
+    assert _rel(lam, np.linalg.solve(C @ C.T, r)) < 6e-16  # measured 1.4e-16
     # solve() is C^T lambda: the same products and sums, in XLA's order (measured:
     # identical with XLA's default fusion emitter, 3.1e-16 with the suite's).
     np.testing.assert_allclose(C.T @ np.asarray(lam), pinv.solve(jnp.asarray(r)),
@@ -84,6 +84,10 @@ def _rank_deficient_cases(rng):
 # 4.4e-16, 4.2e-16.
 _CONSISTENT_REL = {"duplicated": 8e-15, "scaled duplicate": 2e-15,
                    "linear combination": 1e-15, "zero row": 2e-15, "rank one": 2e-15}
+# Largest |null-space component of x| / |x|, measured (both builds): 1.35e-15,
+# 1.35e-16, 1.9e-16, 2.2e-16, 6.5e-17.
+_NULL_REL = {"duplicated": 5e-15, "scaled duplicate": 5e-16,
+             "linear combination": 6e-16, "zero row": 8e-16, "rank one": 2.5e-16}
 
 
 @pytest.mark.parametrize("name", list(_CONSISTENT_REL))
@@ -100,7 +104,8 @@ def test_solve_rank_deficient_consistent_matches_numpy_pinv(name):
         assert _rel(x, ref) < _CONSISTENT_REL[name]
         # The minimum-norm solution is orthogonal to the null space of C.
         null = np.linalg.svd(C)[2][np.linalg.matrix_rank(C):]
-        assert np.max(np.abs(null @ np.asarray(x))) < 1e-10 * np.linalg.norm(ref)
+        bound = _NULL_REL[name] * np.linalg.norm(ref)
+        assert np.max(np.abs(null @ np.asarray(x))) < bound
 
 
 def test_solve_zero_row_inconsistent_matches_numpy_pinv():
@@ -195,7 +200,8 @@ def test_null_project(rank_deficient):
         # Independent reference: I - C^+ C from the SVD pseudoinverse.
         ref = x - np.linalg.pinv(C, rcond=1e-10) @ (C @ x)
         assert _rel(Nx, ref) < 3e-15  # measured 5.6e-16, 8.0e-16 (rank deficient)
-        assert np.max(np.abs(C @ np.asarray(Nx))) < 1e-12 * np.linalg.norm(x)
+        # measured 3.6e-16 |x| (both builds)
+        assert np.max(np.abs(C @ np.asarray(Nx))) < 1.5e-15 * np.linalg.norm(x)
         NNx = pinv.null_project(Nx)
         # measured 0.75 eps_mach |x|
         np.testing.assert_allclose(NNx, Nx, rtol=0,
@@ -244,13 +250,17 @@ def test_filter_limits():
     gains = [float(_solve_diag(s, r)[1]) for s in [1e-18, 1e-16, 1e-14, 1e-12]]
     for s, g in zip([1e-18, 1e-16, 1e-14, 1e-12], gains):
         assert 0 < g <= 2 * s / eps * (1 + 1e-10)
-        assert g * s < 1e-6  # negligible compared with the exact inverse
+        # negligible compared with the exact inverse: measured 9.0e-11 = 2 s^2 / eps
+        # at s = 1e-12
+        assert g * s < 3e-10
     assert float(_solve_diag(0.0, r)[1]) == 0.0
     # The filter f = s * gain rises monotonically from 0 to 1.
     s_grid = np.logspace(-12, 0, 49)
     f = np.array([s * float(_solve_diag(s, r)[1]) for s in s_grid])
     assert np.all(np.diff(f) >= -4 * EPS64)
-    assert f[0] < 1e-9 and f[-1] == pytest.approx(1.0, abs=1e-15)
+    # Exact at s = 1.0 (logspace's last point): f(1) = 1 - O(eps^2) rounds to 1.0
+    # (as in test_filter_matches_docstring_formula; measured equal in both builds).
+    assert f[0] < 1e-9 and f[-1] == 1.0
 
 
 # --- gradients through a rank change -----------------------------------------------
@@ -307,7 +317,9 @@ def test_grad_matches_finite_differences(name, s):
     fd = (float(_VALUES[name](jnp.asarray(s + h))) -
           float(_VALUES[name](jnp.asarray(s - h)))) / (2 * h)
     g = float(_GRADS[name](jnp.asarray(s)))
-    assert g == pytest.approx(fd, rel=1e-6, abs=1e-8)
+    # The differences' cancellation, eps |f| / h: measured at most 7.4e-10 relative
+    # (s = 1.5, singular_value; 5.0e-10 with the suite's XLA flag).
+    assert g == pytest.approx(fd, rel=3e-9, abs=0)
 
 
 # --- transformations and dtypes ----------------------------------------------------
@@ -590,7 +602,9 @@ def test_multipliers_derivative_rule_matches_autodiff(refine, s):
     for tangents in [(dC, dr), (dC, jnp.zeros_like(dr)), (jnp.zeros_like(dC), dr)]:
         y, t = jax.jvp(ours, (C, r), tangents)
         y_ref, t_ref = jax.jvp(ref, (C, r), tangents)
-        assert _rel(y, y_ref) <= 4 * EPS64
+        # Exact: the rule computes the primal with the same operations (measured
+        # equal in both builds).
+        np.testing.assert_array_equal(y, y_ref)
         close(t, t_ref)
     # Reverse mode with respect to one argument or both, and second order.
     for argnums in [0, 1, (0, 1)]:

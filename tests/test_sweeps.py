@@ -18,6 +18,7 @@ MODEL = cdiff.models.SliderCrank()
 T1 = 1.0
 DTS = np.array([2e-2, 5e-2, 1e-1])
 N_SAVE = 10  # every 0.1 s: on the step grid of every dt
+EPS = np.finfo(np.float64).eps
 TS = np.linspace(0.0, T1, N_SAVE + 1)[1:]
 ALPHAS, BETAS = [1.0, 10.0, 3e3], [2.0, 20.0]  # alpha = 3e3 diverges at 0.1
 
@@ -130,8 +131,9 @@ def test_gain_sweep_best_gains_and_their_formulation():
     np.testing.assert_array_equal(np.asarray(form.alpha), best["alpha"])
     # The per-step-size formulation reproduces the sweep's best rows.
     study = _study().where(formulation="best Baumgarte")
+    # Measured equal in both builds (not by construction: two programs): 4 ulp.
     for c in COLUMNS:
-        np.testing.assert_allclose(study[c], best[c], rtol=1e-12)  # measured: equal
+        np.testing.assert_allclose(study[c], best[c], rtol=4 * EPS, atol=0)
     # One sweep row against its own simulation.
     i = int(np.flatnonzero((sweep["dt"] == 5e-2) & (sweep["alpha"] == 10.0))[0])
     lagrange = cdiff.Lagrange(alpha=jnp.asarray(sweep["alpha"][i]),
@@ -217,8 +219,9 @@ def test_off_grid_step_sizes_interpolate_like_simulate():
     for i, dt in enumerate(dts):
         expected = _independent(_separate(cdiff.UdwadiaKalaba(), jnp.asarray(dt)))
         got = np.array([study[c][i] for c in COLUMNS])
-        # The same route (diffeqsolve with SaveAt(ts)) both ways: measured equal.
-        np.testing.assert_allclose(got, expected, rtol=1e-12, atol=1e-15)
+        # The same route (diffeqsolve with SaveAt(ts)) both ways: measured equal in
+        # both builds; 4 ulp.
+        np.testing.assert_allclose(got, expected, rtol=4 * EPS, atol=0)
 
 
 def test_log_plot_shows_zeros_and_failures_on_the_edges():
