@@ -137,8 +137,10 @@ def test_jit_vmap_grad_through_adaptive_solve():
     loss = jax.jit(jax.value_and_grad(
         lambda th: _final(SOLVERS["Tsit5"], th, tol)["slider"]))
     value, grad = (float(x) for x in loss(jnp.asarray(theta)))
-    # vmap: the batched solve, each row with its own step sizes, is the same.
-    assert value == pytest.approx(float(_sweep("Tsit5")[tol]["slider"][0]), abs=1e-14)
+    # vmap: the batched solve, each row with its own step sizes, is the same (measured
+    # equal in both XLA CPU emitters; two ulp of the slider x allowed).
+    np.testing.assert_allclose(value, float(_sweep("Tsit5")[tol]["slider"][0]),
+                               rtol=4.5e-16, atol=0)
     h = 1e-4
     plus, minus = np.asarray(_batched("Tsit5")(jnp.asarray([theta + h, theta - h]),
                                                tol)["slider"])
@@ -149,7 +151,7 @@ def test_jit_vmap_grad_through_adaptive_solve():
     # Measured relative differences 5.2e-9 (finite differences, h = 1e-4) and
     # 1.6e-10 (variational equation).
     assert grad == pytest.approx(fd, rel=5e-8)
-    assert grad == pytest.approx(exact, rel=2e-9)
+    assert grad == pytest.approx(exact, rel=6e-10, abs=0)
 
 
 # --- what a rejected step leaves behind ---------------------------------------------
@@ -246,7 +248,8 @@ def test_rejected_steps_leave_no_trace():
             atol=4 * np.spacing(e0))
     # E0, the energy of the initial state, is the same in every attempt.
     assert len({float(a["e0"]) for a in attempts}) == 1
-    assert float(attempts[0]["e0"]) == pytest.approx(e0, rel=1e-15)
+    # Computed in the solve and here: measured equal, two ulp allowed.
+    np.testing.assert_allclose(float(attempts[0]["e0"]), e0, rtol=4.5e-16, atol=0)
     for i, a in enumerate(attempts[:-1]):
         b = attempts[i + 1]
         if i in accepted:  # the next attempt starts from this one's end

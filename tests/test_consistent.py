@@ -37,9 +37,9 @@ def test_mass_weighted_velocity_is_closest_in_kinetic_metric():
     kin = cdiff.kinematics(CRANK, 0.0, q, v)
     M = np.asarray(CRANK.mass_matrix(0.0, q))
     null = np.linalg.svd(np.asarray(kin.A_v))[2][np.linalg.matrix_rank(kin.A_v):]
-    # Round-off: measured 1.8e-17.
+    # Round-off: measured 5.5e-18 (both XLA CPU emitters; 1.8e-17 noted before).
     np.testing.assert_allclose(null @ M @ np.asarray(v - GUESS_V), 0.0, rtol=0,
-                               atol=8e-17)
+                               atol=2.5e-17)
 
 
 def test_consistent_state_keeps_a_consistent_state():
