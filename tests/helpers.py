@@ -11,6 +11,9 @@ import numpy as np
 
 import cdiff
 
+#: Machine epsilon of float64: the tests' round-off bounds are written in it.
+EPS = np.finfo(np.float64).eps
+
 
 @functools.cache
 def _mjx_compiler_options():

@@ -8,10 +8,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from scipy.integrate import solve_ivp
+from helpers import EPS
 
 import cdiff
 
-EPS = np.finfo(np.float64).eps
 
 
 def test_n_four_bar_with_two_windows_is_the_double_four_bar():

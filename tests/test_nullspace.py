@@ -5,11 +5,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Skate, kkt_numpy, slider_crank_numpy, slider_crank_saved
+from helpers import EPS, Skate, kkt_numpy, slider_crank_numpy, slider_crank_saved
 
 import cdiff
 
-EPS = np.finfo(np.float64).eps
 
 
 def _slider_crank(formulation, t1=10.0, dt=1e-3, redundant=False):

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import stack_curves
+from helpers import EPS, stack_curves
 
 import cdiff
 from cdiff.models import PlanarArmOnCurve
@@ -22,7 +22,6 @@ from cdiff.models import PlanarArmOnCurve
 CURVES = ("line_x1", "line_x0", "circle")
 T_RELEASE = 0.5
 TS = jnp.linspace(T_RELEASE, 3.0, 251)  # every 0.01 s after the release
-EPS = np.finfo(np.float64).eps
 
 
 def _max(x):

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    EPS,
     Duplicated,
     dynamics_at,
     kkt_numpy,
@@ -24,7 +25,6 @@ from cdiff._formulation.projection import constraint_inertia, projector
 from cdiff._linalg import PseudoInverse
 
 INERTIAS = ["Mc", "Mc_sym", "Mc_gamma"]
-EPS = np.finfo(np.float64).eps
 
 
 def _mx(x):

@@ -7,10 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 import scipy.linalg
+from helpers import EPS
 
 import cdiff
 
-EPS = np.finfo(np.float64).eps
 
 # A damped rotation: eigenvalues -0.5 +- 2i.
 A = np.array([[-0.5, 2.0], [-2.0, -0.5]])

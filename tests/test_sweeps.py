@@ -10,7 +10,7 @@ import equinox as eqx
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import slider_crank_exact_scipy, slider_crank_theta_ddot
+from helpers import EPS, slider_crank_exact_scipy, slider_crank_theta_ddot
 
 import cdiff
 
@@ -18,7 +18,6 @@ MODEL = cdiff.models.SliderCrank()
 T1 = 1.0
 DTS = np.array([2e-2, 5e-2, 1e-1])
 N_SAVE = 10  # every 0.1 s: on the step grid of every dt
-EPS = np.finfo(np.float64).eps
 TS = np.linspace(0.0, T1, N_SAVE + 1)[1:]
 ALPHAS, BETAS = [1.0, 10.0, 3e3], [2.0, 20.0]  # alpha = 3e3 diverges at 0.1
 

@@ -12,10 +12,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import EPS
 
 import cdiff
 
-EPS = np.finfo(np.float64).eps
 UK = cdiff.UdwadiaKalaba(constraint_correction=True, energy_correction=True)
 T1 = 2.0
 

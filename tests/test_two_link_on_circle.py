@@ -11,11 +11,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import EPS
 
 import cdiff
 from cdiff.models import TwoLinkOnCircle
 
-EPS = np.finfo(np.float64).eps
 
 T1 = 2.0
 TS = jnp.linspace(0.0, T1, 201)  # every 0.01 s

@@ -11,6 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from scipy.integrate import solve_ivp
+from helpers import EPS
 
 import cdiff
 
@@ -19,7 +20,6 @@ jax.config.update("jax_enable_x64", True)
 M, L, G = 2.0, 1.5, 9.81
 THETA0 = 1.0  # rad from the lowest point, released at rest
 T1, DT = 2.0, 1e-3
-EPS = np.finfo(np.float64).eps
 
 
 class CartesianPendulum(cdiff.AbstractModel):
