@@ -28,7 +28,12 @@ from ._formulation.nullspace import NullSpace as NullSpace
 from ._formulation.projection import Projection as Projection
 from ._formulation.regularized import Regularized as Regularized
 from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
-from ._kinematics import Kinematics as Kinematics, kinematics as kinematics
+from ._kinematics import (
+    EnergyLaw as EnergyLaw,
+    Kinematics as Kinematics,
+    Terms as Terms,
+    kinematics as kinematics,
+)
 from ._model import AbstractModel as AbstractModel
 from ._results import RESULTS as RESULTS
 from ._simulate import simulate as simulate

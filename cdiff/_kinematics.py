@@ -17,17 +17,28 @@ with $\dot q = T(q)\,v$ the model's `position_rate` (the identity for most
 models: then $A_q = \partial\Phi_q/\partial q$). Every Jacobian is with respect to
 the velocities, shape `(rows, nv)`.
 
+A model may supply all of these at one state itself, in one pass over its own
+computation: its `terms(t, q, v)` method returns a [`Terms`][cdiff.Terms], whose
+default (this module's [`Terms`][cdiff.Terms]) derives them by autodiff as above.
+The functions here ask the model for its terms, so every formulation gets the
+model's own when it has them ([`cdiff.models.MuJoCoModel`][] reads them from one MJX
+pass).
+
 Notation follows Braun & Goldfarb (2012), eqs. 4-5 and 19.
 """
 
 from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from ._model import AbstractModel
+if TYPE_CHECKING:
+    from ._model import AbstractModel
 
 
 class Kinematics(eqx.Module):
@@ -91,9 +102,10 @@ def velocity_size(model: AbstractModel, q) -> int:
     return jax.eval_shape(model.mass_matrix, t, q).shape[0]
 
 
-def holonomic_jacobian(model: AbstractModel, t, q):
-    r"""$\Phi_q(t, q)$ and its velocity Jacobian $A_q = (\partial\Phi_q/\partial
-    q)\,T(q)$, shape `(m, nv)`."""
+# -- the autodiff derivations (the default terms) -------------------------------------
+
+
+def _holonomic_jacobian(model: AbstractModel, t, q):
     t = jnp.asarray(t, dtype=q.dtype)
     phi, rows = jacobian(lambda q: model.holonomic(t, q), q)
     # Rows times T(q): the transpose of position_rate applied to each row (free
@@ -103,8 +115,9 @@ def holonomic_jacobian(model: AbstractModel, t, q):
     return phi, jax.vmap(lambda r: rate_transpose(r)[0])(rows)
 
 
-def kinematics(model: AbstractModel, t, q, v) -> Kinematics:
-    """Evaluate the constraint kinematics of `model` at `(t, q, v)` by autodiff."""
+def _holonomic_kinematics(model: AbstractModel, t, q, v):
+    r"""`(phi_q, dphi_q, A_q, b_qv)` of the holonomic rows by autodiff: a Jacobian
+    and a `jvp` of a `jvp` for $b_{qv}$."""
     t = jnp.asarray(t, dtype=q.dtype)
 
     def hol(t, q):
@@ -118,22 +131,24 @@ def kinematics(model: AbstractModel, t, q, v) -> Kinematics:
 
     qdot = rate(t, q)
     (phi_q, dphi_q), (_, ddphi0) = jax.jvp(first, (t, q), (_unit(t), qdot))
-    _, A_q = holonomic_jacobian(model, t, q)
-    b_q = A_q @ v - dphi_q
+    _, A_q = _holonomic_jacobian(model, t, q)
+    return phi_q, dphi_q, A_q, -ddphi0
+
+
+def _nonholonomic_kinematics(model: AbstractModel, t, q, v):
+    r"""`(phi_v, A_vv, b_vv)` of the nonholonomic rows by autodiff."""
+    t = jnp.asarray(t, dtype=q.dtype)
+    qdot = model.position_rate(t, q, v)
 
     def non(t, q, v):
         return model.nonholonomic(t, q, v)
 
     phi_v, dphi_v0 = jax.jvp(non, (t, q, v), (_unit(t), qdot, jnp.zeros_like(v)))
     _, A_vv = jacobian(lambda v: non(t, q, v), v)
-    A_v = jnp.concatenate([A_q, A_vv])
-    b_v = jnp.concatenate([-ddphi0, -dphi_v0])
-    return Kinematics(phi_q, dphi_q, A_q, b_q, phi_v, A_v, b_v)
+    return phi_v, A_vv, -dphi_v0
 
 
-def residuals(model: AbstractModel, t, q, v):
-    r"""$\Phi_q$ and the velocity-level residual $[\dot\Phi_q; \Phi_v]$ at
-    `(t, q, v)`, without the Jacobians and second derivatives of [`kinematics`][]."""
+def _residuals(model: AbstractModel, t, q, v):
     t = jnp.asarray(t, dtype=q.dtype)
     qdot = model.position_rate(t, q, v)
     phi_q, dphi_q = jax.jvp(
@@ -142,11 +157,13 @@ def residuals(model: AbstractModel, t, q, v):
     return phi_q, jnp.concatenate([dphi_q, model.nonholonomic(t, q, v)])
 
 
-def velocity_constraints(model: AbstractModel, t, q, v):
-    r"""The velocity-level residual $[\dot\Phi_q; \Phi_v]$ and its Jacobian with
-    respect to $v$, $A_v = [A_q; \partial\Phi_v/\partial v]$ (without the second
-    derivatives that [`kinematics`][] also computes)."""
-    return jacobian(lambda v: residuals(model, t, q, v)[1], v)
+def assemble(holonomic, nonholonomic, v) -> Kinematics:
+    """The [`Kinematics`][cdiff.Kinematics] from the holonomic rows
+    `(phi_q, dphi_q, A_q, b_qv)` and the nonholonomic rows `(phi_v, A_vv, b_vv)`."""
+    phi_q, dphi_q, A_q, b_qv = holonomic
+    phi_v, A_vv, b_vv = nonholonomic
+    return Kinematics(phi_q, dphi_q, A_q, A_q @ v - dphi_q, phi_v,
+                      jnp.concatenate([A_q, A_vv]), jnp.concatenate([b_qv, b_vv]))
 
 
 class EnergyLaw(eqx.Module):
@@ -157,15 +174,7 @@ class EnergyLaw(eqx.Module):
     b_e: Float[Array, ""]
 
 
-def energy_law(model: AbstractModel, t, q, v, qdot=None) -> EnergyLaw:
-    r"""Energy, its velocity gradient and its acceleration-free rate, by autodiff.
-
-    `qdot` is the velocity at which the coordinates move, $\dot q = T(q)\,$`qdot`
-    in $b_e = -\partial E/\partial t - (\partial E/\partial q)\,\dot q$; it
-    defaults to `v`. Braun-Goldfarb's corrected first-order form has
-    $\dot q \neq T(q)v$ (eq. 16), and the energy law must see the rate at which $q$
-    actually changes.
-    """
+def _energy_law(model: AbstractModel, t, q, v, qdot=None) -> EnergyLaw:
     t = jnp.asarray(t, dtype=q.dtype)
     qdot = model.position_rate(t, q, v if qdot is None else qdot)
 
@@ -175,3 +184,130 @@ def energy_law(model: AbstractModel, t, q, v, qdot=None) -> EnergyLaw:
     E, dE0 = jax.jvp(energy, (t, q, v), (_unit(t), qdot, jnp.zeros_like(v)))
     A_e = jax.grad(energy, argnums=2)(t, q, v)
     return EnergyLaw(E, A_e, -dE0)
+
+
+# -- the terms at one state -----------------------------------------------------------
+
+
+class Terms:
+    r"""The terms of a model's equations of motion at one state $(t, q, v)$, each
+    computed when first read and then kept: the mass matrix, the forces, the input
+    matrix, the constraint kinematics and the energy law.
+
+    [`cdiff.AbstractModel.terms`][] returns one; every formulation reads what it
+    needs at a state from one `Terms`. This class derives the constraint terms from
+    the model's residuals by autodiff (as described in `cdiff.kinematics`). A model
+    that can compute them in one pass over its own computation (a rigid-body
+    library's bias accelerations, say) returns a subclass that overrides the
+    attributes it supplies; [`cdiff.models.MuJoCoModel`][] does so with one MJX
+    pass. Each attribute must equal its autodiff default to round-off.
+
+    `v` may be `None` for the position-level terms (`mass_matrix`,
+    `input_matrix`, `holonomic_jacobian`).
+    """
+
+    def __init__(self, model: AbstractModel, t, q, v=None):
+        self.model = model
+        self.q = q
+        self.t = jnp.asarray(t, dtype=q.dtype)
+        self.v = v
+
+    def _velocity(self):
+        if self.v is None:
+            raise ValueError("these terms were evaluated without velocities (v=None)")
+        return self.v
+
+    @functools.cached_property
+    def mass_matrix(self) -> Float[Array, "nv nv"]:
+        """$M(t, q)$, the model's `mass_matrix`."""
+        return self.model.mass_matrix(self.t, self.q)
+
+    @functools.cached_property
+    def forces(self) -> Float[Array, " nv"]:
+        """$Q(t, q, v)$, the model's `forces`."""
+        return self.model.forces(self.t, self.q, self._velocity())
+
+    @functools.cached_property
+    def input_matrix(self):
+        """The model's `input_matrix(t, q)`: $E$, or `None` for $E = I$."""
+        return self.model.input_matrix(self.t, self.q)
+
+    @functools.cached_property
+    def holonomic(self) -> Float[Array, " m"]:
+        r"""$\Phi_q(t, q)$, the model's `holonomic`."""
+        return self.model.holonomic(self.t, self.q)
+
+    @functools.cached_property
+    def holonomic_jacobian(self) -> tuple[Array, Array]:
+        r"""$(\Phi_q, A_q)$ with $A_q = (\partial\Phi_q/\partial q)\,T(q)$, shape
+        `(m, nv)`."""
+        return _holonomic_jacobian(self.model, self.t, self.q)
+
+    @functools.cached_property
+    def kinematics(self) -> Kinematics:
+        """The constraint [`Kinematics`][cdiff.Kinematics] at the state."""
+        v = self._velocity()
+        return assemble(_holonomic_kinematics(self.model, self.t, self.q, v),
+                        _nonholonomic_kinematics(self.model, self.t, self.q, v), v)
+
+    @functools.cached_property
+    def residuals(self) -> tuple[Array, Array]:
+        r"""$\Phi_q$ and $[\dot\Phi_q; \Phi_v]$, without any Jacobian."""
+        return _residuals(self.model, self.t, self.q, self._velocity())
+
+    @functools.cached_property
+    def velocity_constraints(self) -> tuple[Array, Array]:
+        r"""$[\dot\Phi_q; \Phi_v]$ and its Jacobian $A_v$ with respect to `v`."""
+        return jacobian(
+            lambda v: _residuals(self.model, self.t, self.q, v)[1], self._velocity())
+
+    @functools.cached_property
+    def energy(self):
+        """The model's `energy(t, q, v)`, or `None`."""
+        return self.model.energy(self.t, self.q, self._velocity())
+
+    def energy_law(self, qdot=None) -> EnergyLaw:
+        r"""$E$, $A_e = \partial E/\partial v$ and
+        $b_e = -\partial E/\partial t - (\partial E/\partial q)\,T(q)\,$`qdot`
+        (`qdot` defaults to `v`)."""
+        return _energy_law(self.model, self.t, self.q, self._velocity(), qdot)
+
+
+# -- the functions formulations call --------------------------------------------------
+
+
+def holonomic_jacobian(model: AbstractModel, t, q):
+    r"""$\Phi_q(t, q)$ and its velocity Jacobian $A_q = (\partial\Phi_q/\partial
+    q)\,T(q)$, shape `(m, nv)`."""
+    return model.terms(t, q).holonomic_jacobian
+
+
+def kinematics(model: AbstractModel, t, q, v) -> Kinematics:
+    """The constraint kinematics of `model` at `(t, q, v)`: the model's own
+    ([`cdiff.AbstractModel.terms`][]), by default by autodiff."""
+    return model.terms(t, q, v).kinematics
+
+
+def residuals(model: AbstractModel, t, q, v):
+    r"""$\Phi_q$ and the velocity-level residual $[\dot\Phi_q; \Phi_v]$ at
+    `(t, q, v)`, without the Jacobians and second derivatives of [`kinematics`][]."""
+    return model.terms(t, q, v).residuals
+
+
+def velocity_constraints(model: AbstractModel, t, q, v):
+    r"""The velocity-level residual $[\dot\Phi_q; \Phi_v]$ and its Jacobian with
+    respect to $v$, $A_v = [A_q; \partial\Phi_v/\partial v]$ (without the second
+    derivatives that [`kinematics`][] also computes)."""
+    return model.terms(t, q, v).velocity_constraints
+
+
+def energy_law(model: AbstractModel, t, q, v, qdot=None) -> EnergyLaw:
+    r"""Energy, its velocity gradient and its acceleration-free rate.
+
+    `qdot` is the velocity at which the coordinates move, $\dot q = T(q)\,$`qdot`
+    in $b_e = -\partial E/\partial t - (\partial E/\partial q)\,\dot q$; it
+    defaults to `v`. Braun-Goldfarb's corrected first-order form has
+    $\dot q \neq T(q)v$ (eq. 16), and the energy law must see the rate at which $q$
+    actually changes.
+    """
+    return model.terms(t, q, v).energy_law(qdot)

@@ -10,6 +10,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._kinematics import Terms
+
 
 class AbstractModel(eqx.Module):
     r"""A mechanical system $M(t, q)\,\dot v = Q(t, q, v) + E(t, q)\,u + Q_c$ with
@@ -53,6 +55,14 @@ class AbstractModel(eqx.Module):
     `integrate_position(q, dv)`; everything velocity-level (mass matrix, forces,
     constraint Jacobians, multipliers) then lives in the `nv` velocity coordinates.
     The defaults ($T = I$) cost nothing.
+
+    **Terms at one state.** Formulations read the mass matrix, forces, constraint
+    Jacobians and their velocity-product terms, and the energy law at a state from
+    one [`cdiff.Terms`][] that `terms(t, q, v)` returns. The default derives the
+    constraint terms by autodiff; a model whose computation yields them more
+    cheaply in one pass (bias accelerations of a rigid-body library) overrides
+    `terms` with a subclass of [`cdiff.Terms`][], as
+    [`cdiff.models.MuJoCoModel`][] does.
     """
 
     @abc.abstractmethod
@@ -91,6 +101,12 @@ class AbstractModel(eqx.Module):
         $E = I$: the input is a generalized force of shape `(nv,)`."""
         del t, q
         return None
+
+    def terms(self, t, q, v=None) -> Terms:
+        """The terms of the equations of motion at `(t, q, v)`, computed when read
+        (see [`cdiff.Terms`][]). Default: the model's methods, constraint
+        derivatives by autodiff. `v` may be `None` for position-level terms."""
+        return Terms(self, t, q, v)
 
     def position_rate(self, t, q, v):
         r"""The coordinate rate $\dot q = T(q)\,v$, shape `(nq,)`, linear in `v`.

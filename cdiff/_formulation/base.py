@@ -11,9 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Float, PyTree
 
-from .._kinematics import kinematics
+from .._kinematics import Terms
 from .._linalg import UNROLL, MassFactor, PseudoInverse, matvec
-from .._model import AbstractModel, apply_input
+from .._model import AbstractModel
 from .._results import error_if
 
 
@@ -155,12 +155,18 @@ class AbstractFormulation(eqx.Module):
         return y
 
 
-def applied_forces(context: Context, t, q, v) -> Float[Array, " nv"]:
-    """$Q(t, q, v) + E(t, q)u$, with `u = control(t, q, v)` when a controller is set."""
+def applied_forces(context: Context, t, q, v, terms: Terms | None = None
+                   ) -> Float[Array, " nv"]:
+    """$Q(t, q, v) + E(t, q)u$, with `u = control(t, q, v)` when a controller is set.
+    `terms`: the model's terms at `(t, q, v)`, when already at hand."""
     model = context.model
-    f = model.forces(t, q, v)
+    if terms is None:
+        terms = model.terms(t, q, v)
+    f = terms.forces
     if context.control is not None:
-        f = f + apply_input(model, t, q, context.control(t, q, v))
+        u = jnp.asarray(context.control(t, q, v), q.dtype)
+        E = terms.input_matrix
+        f = f + (u if E is None else jnp.asarray(E, q.dtype) @ u)
     return f
 
 
@@ -184,11 +190,13 @@ def is_symmetric(M) -> Array:
     return jnp.all(jnp.abs(M - M.T) <= tol)
 
 
-def checked_mass(model: AbstractModel, t, q) -> tuple[Array, MassFactor]:
+def checked_mass(model: AbstractModel, t, q, terms: Terms | None = None
+                 ) -> tuple[Array, MassFactor]:
     """The mass matrix and its Cholesky factor, both carrying a run-time check that
     the matrix is symmetric positive definite (`eqx.error_if`: the check runs
-    where either output is used)."""
-    M = model.mass_matrix(t, q)
+    where either output is used). `terms`: the model's terms at `(t, q)`, when
+    already at hand."""
+    M = (model.terms(t, q) if terms is None else terms).mass_matrix
     mf = MassFactor(M)
     M, L, Linv = error_if(
         (M, mf.L, mf.Linv),
@@ -210,12 +218,14 @@ def mass_factor(model: AbstractModel, t, q) -> MassFactor:
 def free_motion(context: Context, t, q, v):
     """What every acceleration-level formulation starts from at `(t, q, v)`: the
     Cholesky factor of $M$ (checked), the unconstrained acceleration
-    $a = M^{-1}(Q + Eu)$ and the constraint kinematics.
+    $a = M^{-1}(Q + Eu)$ and the constraint kinematics, all from the model's terms
+    at the state (one evaluation, [`cdiff.AbstractModel.terms`][]).
 
     **Returns:** `(mass_factor, a, kinematics)`."""
-    mf = mass_factor(context.model, t, q)
-    a = mf.solve(applied_forces(context, t, q, v))
-    return mf, a, kinematics(context.model, t, q, v)
+    terms = context.model.terms(t, q, v)
+    _, mf = checked_mass(context.model, t, q, terms)
+    a = mf.solve(applied_forces(context, t, q, v, terms))
+    return mf, a, terms.kinematics
 
 
 def constrained_acceleration(

@@ -22,12 +22,18 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
-from .._kinematics import kinematics, velocity_constraints
+from .._kinematics import velocity_constraints
 from .._linalg import default_rtol
 from .._model import AbstractModel
 from .._projection import NewtonProjection
 from .._results import is_concrete
-from .base import AbstractFormulation, Context, Dynamics, applied_forces, mass_factor
+from .base import (
+    AbstractFormulation,
+    Context,
+    Dynamics,
+    applied_forces,
+    checked_mass,
+)
 from .lagrange import Lagrange
 
 
@@ -199,8 +205,9 @@ class AbstractDAEFormulation(AbstractFormulation):
     def _sigma_min_max(self, t, q, v, context: Context):
         """Extreme singular values of the mass-weighted constraint matrix
         $C = A_vR^{-1}$ ($CC^T = A_vM^{-1}A_v^T$, the reduction index matrix)."""
-        _, A_v = velocity_constraints(context.model, t, q, v)
-        C = mass_factor(context.model, t, q).weight(self.kept(A_v))
+        terms = context.model.terms(t, q, v)
+        _, A_v = terms.velocity_constraints
+        C = checked_mass(context.model, t, q, terms)[1].weight(self.kept(A_v))
         ev = jnp.linalg.eigvalsh(C @ C.T)
         return jnp.sqrt(jnp.maximum(ev[0], 0.0)), jnp.sqrt(jnp.maximum(ev[-1], 0.0))
 
@@ -304,19 +311,21 @@ class GGL(AbstractDAEFormulation):
         else:
             q, v, w, lam, mu = self.blocks(x)
         qdot, vdot, *_ = self.blocks(xdot)
-        # One Jacobian pass: the holonomic rows of A_v are G (= dPhi_q/dq).
-        r_v, A_v = velocity_constraints(model, t, q, v)
+        # One evaluation of the model's terms; one Jacobian pass: the holonomic
+        # rows of A_v are G (= dPhi_q/dq).
+        terms = model.terms(t, q, v)
+        r_v, A_v = terms.velocity_constraints
         r_v, A_v = self.kept(r_v), self.kept(A_v)
         m = self.sizes[1]
-        phi = jnp.asarray(model.holonomic(jnp.asarray(t, q.dtype), q), q.dtype)
+        phi = jnp.asarray(terms.holonomic, q.dtype)
         phi = self.kept(phi, holonomic=True)
         G = A_v[:m]
-        f = applied_forces(context, t, q, v) + A_v.T @ lam
+        f = applied_forces(context, t, q, v, terms) + A_v.T @ lam
         kinematic = qdot - model.position_rate(t, q, v + G.T @ mu)
         if self.variant == "mass":
-            dynamic = [vdot - mass_factor(model, t, q).solve(f)]
+            dynamic = [vdot - checked_mass(model, t, q, terms)[1].solve(f)]
         else:
-            dynamic = [vdot - w, model.mass_matrix(t, q) @ w - f]
+            dynamic = [vdot - w, terms.mass_matrix @ w - f]
         return jnp.concatenate([kinematic, *dynamic, r_v, phi])
 
 
@@ -347,12 +356,13 @@ class IndexOne(AbstractDAEFormulation):
         model = context.model
         q, v, w, lam = self.blocks(x)
         qdot, vdot, *_ = self.blocks(xdot)
-        kin = kinematics(model, t, q, v)
+        terms = model.terms(t, q, v)
+        kin = terms.kinematics
         A_v, b_v = self.kept(kin.A_v), self.kept(kin.b_v)
-        f = applied_forces(context, t, q, v) + A_v.T @ lam
+        f = applied_forces(context, t, q, v, terms) + A_v.T @ lam
         return jnp.concatenate([
             qdot - model.position_rate(t, q, v),
             vdot - w,
-            model.mass_matrix(t, q) @ w - f,
+            terms.mass_matrix @ w - f,
             A_v @ w - b_v,
         ])

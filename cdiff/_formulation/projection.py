@@ -9,7 +9,6 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-from .._kinematics import kinematics
 from .._linalg import PseudoInverse, cho_solve, cholesky
 from .base import (
     AbstractFormulation,
@@ -135,9 +134,10 @@ class Projection(AbstractFormulation):
         del frozen
         q, v = y
         model = context.model
-        M, _ = checked_mass(model, t, q)
-        f = applied_forces(context, t, q, v)
-        kin = kinematics(model, t, q, v)
+        terms = model.terms(t, q, v)
+        M, _ = checked_mass(model, t, q, terms)
+        f = applied_forces(context, t, q, v, terms)
+        kin = terms.kinematics
         pinv = PseudoInverse(kin.A_v, self.rtol, self.damping)
         P = projector(pinv)
         qdd_perp = pinv.solve(kin.b_v)  # (I - P) qdd = C qdot, eq. 16
