@@ -16,6 +16,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._kinematics import (
+    EnergyLaw,
+    Terms,
+    _nonholonomic_kinematics,
+    assemble,
+    jacobian,
+)
 from .._model import AbstractModel
 
 _INSTALL = 'pip install "cdiff[mujoco]"'
@@ -257,6 +264,13 @@ class MuJoCoModel(AbstractModel):
             np.asarray(m.actuator_biastype) == _BIAS_AFFINE)
         return not np.any(biased)
 
+    def terms(self, t, q, v=None) -> _MJXTerms:
+        """The terms of the equations of motion at `(t, q, v)` from one MJX pass
+        (see `_MJXTerms`): the constraint Jacobians from MJX's body Jacobians and
+        their velocity-product terms from its bias accelerations, instead of
+        autodiff through the kinematic tree."""
+        return _MJXTerms(self, t, q, v)
+
     def mass_matrix(self, t, q):
         """MuJoCo's joint-space inertia (armature included), shape `(nv, nv)`."""
         return self._full_m(self._data(q, inertia=True))
@@ -264,8 +278,10 @@ class MuJoCoModel(AbstractModel):
     def forces(self, t, q, v):
         """`qfrc_passive - qfrc_bias` plus the actuators' affine bias, shape
         `(nv,)`."""
+        return self._forces(self._data(q, v), v)
+
+    def _forces(self, d, v):
         m = self.mjx_model
-        d = self._data(q, v)
         qfrc = d.qfrc_passive - d.qfrc_bias
         if self._gravcomp and np.any(m.jnt_actgravcomp):
             # Gravity compensation that MuJoCo routes through the actuators.
@@ -283,10 +299,12 @@ class MuJoCoModel(AbstractModel):
     def input_matrix(self, t, q):
         """The actuators' moments times their gains, shape `(nv, nu)`: `ctrl`
         enters as $E u$, without MuJoCo's `ctrlrange` clamping or force limits."""
-        m = self.mjx_model
         if self.nu == 0:
             return jnp.zeros((self.nv, 0), dtype=q.dtype)
-        d = self._data(q, dynamics=True)
+        return self._input_matrix(self._data(q, dynamics=True))
+
+    def _input_matrix(self, d):
+        m = self.mjx_model
         gain = jnp.where(np.asarray(self._actuated, bool), m.actuator_gainprm[:, 0],
                          0.0)
         return _impl(d).actuator_moment.T * gain
@@ -297,6 +315,11 @@ class MuJoCoModel(AbstractModel):
         if not self.equalities:
             return jnp.zeros((0,), dtype=q.dtype)
         d = self._data(q, tendon=any(e.kind == "tendon" for e in self.equalities))
+        return self._holonomic(d, q)
+
+    def _holonomic(self, d, q):
+        if not self.equalities:
+            return jnp.zeros((0,), dtype=q.dtype)
         return jnp.concatenate([self._equality(d, q, e) for e in self.equalities])
 
     def _equality(self, d, q, e: _Equality):
@@ -341,9 +364,12 @@ class MuJoCoModel(AbstractModel):
         """Kinetic plus potential energy: $\\tfrac12 v^TMv$, gravity (less its
         compensation), joint and tendon springs, as MuJoCo's `mj_energyPos` and
         `mj_energyVel`."""
-        m = self.mjx_model
         d = self._data(q, inertia=True)
-        energy = 0.5 * v @ self._full_m(d) @ v
+        return self._energy(d, v, self._full_m(d))
+
+    def _energy(self, d, v, M):
+        m = self.mjx_model
+        energy = 0.5 * v @ M @ v
         if self._gravity:
             mass = m.body_mass
             if self._gravcomp:
@@ -519,6 +545,348 @@ class MuJoCoModel(AbstractModel):
                                  f"{jnp.shape(value)}")
         return eqx.tree_at(lambda s: s.mjx_model, self,
                            self.mjx_model.tree_replace(params))
+
+
+# -- the terms at one state from one MJX pass -----------------------------------------
+
+_WRAP_SPHERE, _WRAP_CYLINDER = 4, 5  # mjtWrap: wrapping around geoms
+
+
+def _chain(m) -> np.ndarray:
+    """`(nbody, nv)` booleans: whether each dof moves each body (its joint is on
+    the body or on an ancestor)."""
+    parent = np.asarray(m.body_parentid)
+    ancestor = np.zeros((parent.size, parent.size), bool)
+    for b in range(parent.size):
+        a = b
+        while True:
+            ancestor[b, a] = True
+            if a == 0:
+                break
+            a = parent[a]
+    return ancestor[:, np.asarray(m.dof_bodyid)]
+
+
+def _quat_sandwich(a, b):
+    r"""The 3x3 matrix $K$ with $K\omega = \operatorname{vec}(a\otimes(0,\omega)
+    \otimes b)$."""
+    eye = jnp.eye(3, dtype=a.dtype)
+    return jax.vmap(lambda w: _quat_mul(_quat_mul(a, jnp.concatenate(
+        [jnp.zeros((1,), a.dtype), w])), b)[1:], out_axes=1)(eye)
+
+
+def _pure(w):
+    """The quaternion $(0, w)$."""
+    return jnp.concatenate([jnp.zeros((1,), w.dtype), w])
+
+
+def _rotation_vector(quat):
+    r"""The rotation vector $\theta\,u$ of the unit quaternion `quat` (either sign:
+    the shorter rotation), as MuJoCo's `mju_quat2Vel` with `dt = 1`; the gradient
+    of $\tfrac12\theta^2$ (`_rotation_angle_squared`) with respect to a rotation
+    in the quaternion's own frame."""
+    quat = quat * jnp.where(quat[0] < 0, -1.0, 1.0)
+    s2 = quat[1:] @ quat[1:]
+    nonzero = s2 > 0
+    s = jnp.sqrt(jnp.where(nonzero, s2, 1.0))
+    # theta / sin(theta / 2), and its limit 2 / cos(theta / 2) at theta = 0.
+    ratio = jnp.where(nonzero, 2 * jnp.arctan2(s, quat[0]) / s, 2 / quat[0])
+    return ratio * quat[1:]
+
+
+class _MJXTerms(Terms):
+    r"""A [`cdiff.models.MuJoCoModel`][]'s terms at one state from one MJX pass.
+
+    One call of MJX's stages (`kinematics`, `com_pos`, `tendon`,
+    `transmission`, `crb`, `tendon_armature` and, with `v`, `fwd_velocity`)
+    gives every term; XLA drops what a formulation does not read. The equality
+    constraints' rows are built as MuJoCo builds `efc_J`:
+
+    - A point $p$ fixed on body $b$ has the velocity Jacobian
+      $J_p = [\,c_i^{lin} + c_i^{rot}\times(p - \bar c)\,]_i$ over the dofs $i$
+      that move $b$, with `cdof` $c_i$ (spatial motion about the subtree centre
+      of mass $\bar c$ of $b$'s tree), and the rotational Jacobian
+      $J_\omega = [c_i^{rot}]_i$ (MJX's `support.jac`).
+    - Its velocity-product term (bias acceleration at $\dot v = 0$) is
+      $\dot J_p v = a^{lin} + \alpha\times(p - \bar c) + \omega\times\dot p$ with
+      the body's spatial bias acceleration $(\alpha, a) = \sum_i \dot c_i v_i$
+      (`cdof_dot`, the term of MuJoCo's `mj_rne` at zero acceleration and
+      gravity), its spatial velocity $(\omega, \cdot)$ (`cvel`) and the point's
+      velocity $\dot p = J_p v$: a point's classical acceleration from a spatial
+      one (Featherstone, *Rigid Body Dynamics Algorithms*, 2008, eq. 2.47; MuJoCo's
+      `mj_objectAcceleration`).
+    - `connect` and the weld's position rows: $\Phi = p_1 - p_2$,
+      $A = J_{p_1} - J_{p_2}$, $b = -(\dot J_{p_1}v - \dot J_{p_2}v)$.
+    - The weld's rotation rows, $\Phi = \tau\operatorname{vec}(\bar q_2\otimes
+      q_1)$ with world-frame angular velocities ($\dot q_k = \tfrac12
+      (0,\omega_k)\otimes q_k$): $\dot\Phi = \tfrac\tau2\operatorname{vec}(\bar q_2
+      \otimes(0, \Delta\omega)\otimes q_1)$, $\Delta\omega = \omega_1 - \omega_2$,
+      so $A = \tfrac\tau2 K(\bar q_2, q_1)(J_{\omega_1} - J_{\omega_2})$, and
+      $b = -\tau\operatorname{vec}\big(\bar q_2\otimes[\tfrac12(0, \Delta\alpha)
+      + \tfrac14((0,\Delta\omega)(0,\omega_1) - (0,\omega_2)(0,\Delta\omega))]
+      \otimes q_1\big)$.
+    - `joint` and `tendon`: $\Phi = x_1 - p(x_2)$, $A = J_1 - p'(x_2)J_2$,
+      $b = -(\dot J_1v - p'(x_2)\dot J_2v - p''(x_2)(J_2v)^2)$, with unit rows for
+      joints ($\dot J = 0$) and MJX's `ten_J` and `tendon_dot` for tendons.
+
+    The energy law uses the power balance instead of a derivative: with
+    $E = \tfrac12 v^TMv + V(q)$, $A_e = Mv$ and, since the velocity-product
+    forces $c$ in `qfrc_bias` satisfy $v^Tc = \tfrac12 v^T\dot Mv$,
+    $-b_e = v^T$`qfrc_bias` $ - \dot V_g + \dot V$: gravity's power on the full
+    masses (in `qfrc_bias`) traded for that on the masses that $E$ counts
+    (less gravity compensation), plus the springs' $\dot V$.
+
+    What a subclass overrides (`holonomic`, `nonholonomic`, `energy`, ...) is
+    derived by autodiff from its method, as by [`cdiff.Terms`][]; so are
+    tendon equalities on tendons that wrap around geoms (MJX has no `tendon_dot`
+    for them) and an energy law at a coordinate rate other than `v`.
+    """
+
+    def __init__(self, model: MuJoCoModel, t, q, v=None):
+        super().__init__(model, t, q, v)
+        cls = type(model)
+        self._own = {name for name in ("mass_matrix", "forces", "input_matrix",
+                                       "holonomic", "energy", "position_rate")
+                     if getattr(cls, name) is getattr(MuJoCoModel, name)}
+        m = model.mjx_model
+        wraps = np.zeros(0, int)
+        for e in model.equalities:
+            if e.kind == "tendon":
+                for i in (e.obj1, e.obj2):
+                    if i >= 0:
+                        adr, num = m.tendon_adr[i], m.tendon_num[i]
+                        wraps = np.append(wraps, m.wrap_type[adr:adr + num])
+        self._exact_rows = ({"holonomic", "position_rate"} <= self._own
+                            and not np.isin(wraps, [_WRAP_SPHERE, _WRAP_CYLINDER]).any())
+
+    @functools.cached_property
+    def data(self):
+        """MJX's data at the state after every stage (`MuJoCoModel.mjx_data`)."""
+        return self.model._data(self.q, self.v, dynamics=True, inertia=True)
+
+    @functools.cached_property
+    def mass_matrix(self):
+        if "mass_matrix" not in self._own:
+            return super().mass_matrix
+        return self.model._full_m(self.data)
+
+    @functools.cached_property
+    def forces(self):
+        if "forces" not in self._own:
+            return super().forces
+        return self.model._forces(self.data, self._velocity())
+
+    @functools.cached_property
+    def input_matrix(self):
+        if "input_matrix" not in self._own:
+            return super().input_matrix
+        if self.model.nu == 0:
+            return jnp.zeros((self.model.nv, 0), dtype=self.q.dtype)
+        return self.model._input_matrix(self.data)
+
+    @functools.cached_property
+    def holonomic(self):
+        if "holonomic" not in self._own:
+            return super().holonomic
+        return self.model._holonomic(self.data, self.q)
+
+    @functools.cached_property
+    def _rows(self):
+        """`(phi_q, A_q, b_qv)` of the equality constraints (`b_qv` `None`
+        without `v`)."""
+        rows = [self._equality_rows(e) for e in self.model.equalities]
+        nv, dtype = self.model.nv, self.q.dtype
+        if not rows:
+            empty = jnp.zeros((0,), dtype)
+            return empty, jnp.zeros((0, nv), dtype), empty
+        phi, A, b = zip(*rows)
+        b = None if self.v is None else jnp.concatenate(b)
+        return jnp.concatenate(phi), jnp.concatenate(A), b
+
+    @functools.cached_property
+    def holonomic_jacobian(self):
+        if not self._exact_rows:
+            return super().holonomic_jacobian
+        phi, A, _ = self._rows
+        return phi, A
+
+    @functools.cached_property
+    def kinematics(self):
+        if not self._exact_rows:
+            return super().kinematics
+        v = self._velocity()
+        phi, A, b = self._rows
+        return assemble((phi, A @ v, A, b),
+                        _nonholonomic_kinematics(self.model, self.t, self.q, v), v)
+
+    @functools.cached_property
+    def residuals(self):
+        if not self._exact_rows:
+            return super().residuals
+        v = self._velocity()
+        phi, A, _ = self._rows
+        return phi, jnp.concatenate([A @ v, self.model.nonholonomic(self.t, self.q, v)])
+
+    @functools.cached_property
+    def velocity_constraints(self):
+        if not self._exact_rows:
+            return super().velocity_constraints
+        v = self._velocity()
+        _, A, _ = self._rows
+        phi_v, A_vv = jacobian(lambda v: self.model.nonholonomic(self.t, self.q, v), v)
+        return jnp.concatenate([A @ v, phi_v]), jnp.concatenate([A, A_vv])
+
+    @functools.cached_property
+    def energy(self):
+        if "energy" not in self._own:
+            return super().energy
+        return self.model._energy(self.data, self._velocity(), self.mass_matrix)
+
+    def energy_law(self, qdot=None):
+        if qdot is not None or not {"energy", "mass_matrix"} <= self._own:
+            return super().energy_law(qdot)
+        v = self._velocity()
+        return EnergyLaw(self.energy, self.mass_matrix @ v, -self._power(v))
+
+    # -- pieces --------------------------------------------------------------------
+
+    @functools.cached_property
+    def _bias(self):
+        """The bodies' spatial bias accelerations $\\sum_i \\dot c_i v_i$ over the
+        dofs that move them, `(nbody, 6)` (rotation first, as `cvel`)."""
+        d, v = self.data, self._velocity()
+        chain = jnp.asarray(self._chain, v.dtype)
+        return chain @ (d.cdof_dot * v[:, None])
+
+    @functools.cached_property
+    def _chain(self):
+        return _chain(self.model.mjx_model)
+
+    def _offset(self, body: int, point):
+        m = self.model.mjx_model
+        return point - self.data.subtree_com[int(m.body_rootid[body])]
+
+    def _point(self, body: int, point):
+        """`(J_p, J_omega, Jdot_p v, Jdot_omega v)` of a point fixed on `body`
+        (the last two `None` without `v`)."""
+        d = self.data
+        mask = jnp.asarray(self._chain[body], d.cdof.dtype)
+        offset = self._offset(body, point)
+        rot, lin = d.cdof[:, :3], d.cdof[:, 3:]
+        J_p = ((lin + jnp.cross(rot, offset)) * mask[:, None]).T
+        J_w = (rot * mask[:, None]).T
+        if self.v is None:
+            return J_p, J_w, None, None
+        alpha, acc = self._bias[body, :3], self._bias[body, 3:]
+        omega = d.cvel[body, :3]
+        velocity = d.cvel[body, 3:] + jnp.cross(omega, offset)
+        return (J_p, J_w, acc + jnp.cross(alpha, offset) + jnp.cross(omega, velocity),
+                alpha)
+
+    def _equality_rows(self, e: _Equality):
+        m, d, q, v = self.model.mjx_model, self.data, self.q, self.v
+        phi = self.model._equality(d, q, e)
+        if e.kind in ("connect", "weld"):
+            data = m.eq_data[e.index]
+            a1, a2 = (data[0:3], data[3:6]) if e.kind == "connect" else (data[3:6],
+                                                                          data[0:3])
+            if e.site:
+                b1, b2 = int(m.site_bodyid[e.obj1]), int(m.site_bodyid[e.obj2])
+                p1, p2 = d.site_xpos[e.obj1], d.site_xpos[e.obj2]
+            else:
+                b1, b2 = e.obj1, e.obj2
+                p1 = d.xmat[b1] @ a1 + d.xpos[b1]
+                p2 = d.xmat[b2] @ a2 + d.xpos[b2]
+            J1, W1, acc1, alpha1 = self._point(b1, p1)
+            J2, W2, acc2, alpha2 = self._point(b2, p2)
+            A = J1 - J2
+            b = None if v is None else -(acc1 - acc2)
+            if e.kind == "connect":
+                return phi, A, b
+            if e.site:
+                q1 = _quat_mul(d.xquat[b1], m.site_quat[e.obj1])
+                q2 = _quat_mul(d.xquat[b2], m.site_quat[e.obj2])
+            else:
+                q1 = _quat_mul(d.xquat[b1], data[6:10])  # relpose
+                q2 = d.xquat[b2]
+            scale = data[10]  # torquescale
+            q2bar = _quat_conj(q2)
+            A_rot = 0.5 * scale * _quat_sandwich(q2bar, q1) @ (W1 - W2)
+            if v is None:
+                return phi, jnp.concatenate([A, A_rot]), None
+            w1, w2 = d.cvel[b1, :3], d.cvel[b2, :3]
+            dw = w1 - w2
+            inner = (0.5 * _pure(alpha1 - alpha2)
+                     + 0.25 * (_quat_mul(_pure(dw), _pure(w1))
+                               - _quat_mul(_pure(w2), _pure(dw))))
+            b_rot = -scale * _quat_mul(_quat_mul(q2bar, inner), q1)[1:]
+            return phi, jnp.concatenate([A, A_rot]), jnp.concatenate([b, b_rot])
+        # joint or tendon: x1 - p(x2)
+        data = m.eq_data[e.index]
+        nv = self.model.nv
+        if e.kind == "joint":
+            def coordinate(j):
+                x = q[m.jnt_qposadr[j]] - m.qpos0[m.jnt_qposadr[j]]
+                row = jnp.zeros(nv, q.dtype).at[m.jnt_dofadr[j]].set(1.0)
+                return x, row, jnp.zeros((), q.dtype)
+        else:
+            if v is not None:
+                jdot_v = self._tendon_dot @ v
+
+            def coordinate(j):
+                x = d.ten_length[j] - m.tendon_length0[j]
+                return x, _impl(d).ten_J[j], None if v is None else jdot_v[j]
+        _, J1, c1 = coordinate(e.obj1)
+        A, b = J1, None if v is None else -c1
+        if e.obj2 >= 0:
+            x2, J2, c2 = coordinate(e.obj2)
+            slope = data[1] + x2 * (2 * data[2] + x2 * (3 * data[3] + x2 * 4 * data[4]))
+            A = A - slope * J2
+            if v is not None:
+                curvature = 2 * data[2] + x2 * (6 * data[3] + x2 * 12 * data[4])
+                b = b + slope * c2 + curvature * (J2 @ v) ** 2
+        return phi, A[None], None if b is None else b[None]
+
+    @functools.cached_property
+    def _tendon_dot(self):
+        """MJX's $\\dot J$ of the tendon lengths, `(ntendon, nv)` (spatial tendons
+        through sites; zero for fixed tendons)."""
+        from mujoco.mjx._src import smooth
+
+        with jax.numpy_dtype_promotion("standard"):
+            return smooth.tendon_dot(self.model.mjx_model, self.data)
+
+    def _power(self, v):
+        r"""$\tfrac{d}{dt}E$ at $\dot v = 0$: $v^T$`qfrc_bias` less gravity's power
+        on what gravity compensation carries, plus the springs' $\dot V$."""
+        model, m, d = self.model, self.model.mjx_model, self.data
+        power = v @ d.qfrc_bias
+        if model._gravity and model._gravcomp:
+            root = np.asarray(m.body_rootid)
+            offset = d.xipos - d.subtree_com[root]
+            velocity = d.cvel[:, 3:] + jnp.cross(d.cvel[:, :3], offset)
+            power = power + jnp.sum(m.body_mass * m.body_gravcomp
+                                    * (velocity @ m.opt.gravity))
+        if model._passive:
+            for k, j in zip(m.jnt_stiffness, model.joints):
+                x, x0 = d.qpos[j.qposadr:], m.qpos_spring[j.qposadr:]
+                w = v[j.dofadr:]
+                if j.type in (_SLIDE, _HINGE):
+                    power = power + k * (x[0] - x0[0]) * w[0]
+                    continue
+                if j.type == _FREE:
+                    power = power + k * (x[:3] - x0[:3]) @ w[:3]
+                    x, x0, w = x[3:], x0[3:], w[3:]
+                rel = _quat_mul(_quat_conj(x0[:4]), x[:4])
+                power = power + k * _rotation_vector(rel) @ w[:3]
+            if m.ntendon:
+                lower, upper = m.tendon_lengthspring[:, 0], m.tendon_lengthspring[:, 1]
+                length = d.ten_length
+                stretch = jnp.where(length > upper, length - upper,
+                                    jnp.where(length < lower, length - lower, 0.0))
+                power = power + jnp.sum(m.tendon_stiffness * stretch
+                                        * (_impl(d).ten_J @ v))
+        return power
 
 
 # -- loading ------------------------------------------------------------------------
