@@ -594,6 +594,18 @@ def _rotation_vector(quat):
     return ratio * quat[1:]
 
 
+def _weld_bias(q1, q2bar, w1, w2, alpha1, alpha2):
+    r"""$\operatorname{vec}(\bar q_2\otimes[\tfrac12(0, \Delta\alpha) +
+    \tfrac14((0,\Delta\omega)(0,\omega_1) - (0,\omega_2)(0,\Delta\omega))]\otimes
+    q_1)$: the weld rotation's second derivative at $\dot v = 0$, before
+    `torquescale`."""
+    dw = w1 - w2
+    inner = (0.5 * _pure(alpha1 - alpha2)
+             + 0.25 * (_quat_mul(_pure(dw), _pure(w1))
+                       - _quat_mul(_pure(w2), _pure(dw))))
+    return _quat_mul(_quat_mul(q2bar, inner), q1)[1:]
+
+
 class _MJXTerms(Terms):
     r"""A [`cdiff.models.MuJoCoModel`][]'s terms at one state from one MJX pass.
 
@@ -656,8 +668,8 @@ class _MJXTerms(Terms):
                     if i >= 0:
                         adr, num = m.tendon_adr[i], m.tendon_num[i]
                         wraps = np.append(wraps, m.wrap_type[adr:adr + num])
-        self._exact_rows = ({"holonomic", "position_rate"} <= self._own
-                            and not np.isin(wraps, [_WRAP_SPHERE, _WRAP_CYLINDER]).any())
+        wrapped = np.isin(wraps, [_WRAP_SPHERE, _WRAP_CYLINDER]).any()
+        self._exact_rows = {"holonomic", "position_rate"} <= self._own and not wrapped
 
     @functools.cached_property
     def data(self):
@@ -693,15 +705,33 @@ class _MJXTerms(Terms):
     @functools.cached_property
     def _rows(self):
         """`(phi_q, A_q, b_qv)` of the equality constraints (`b_qv` `None`
-        without `v`)."""
-        rows = [self._equality_rows(e) for e in self.model.equalities]
-        nv, dtype = self.model.nv, self.q.dtype
-        if not rows:
+        without `v`), every connect and weld in one batched computation."""
+        model, q, v = self.model, self.q, self.v
+        nv, dtype = model.nv, q.dtype
+        if not model.equalities:
             empty = jnp.zeros((0,), dtype)
             return empty, jnp.zeros((0, nv), dtype), empty
-        phi, A, b = zip(*rows)
-        b = None if self.v is None else jnp.concatenate(b)
-        return jnp.concatenate(phi), jnp.concatenate(A), b
+        frames = [e for e in model.equalities if e.kind in ("connect", "weld")]
+        couplings = [e for e in model.equalities if e.kind not in ("connect", "weld")]
+        A, b, order = [], [], []
+        if frames:
+            A_f, b_f, rows = self._frame_rows(frames)
+            A.append(A_f)
+            b.append(b_f)
+        offset = sum(len(r) for r in rows) if frames else 0
+        coupling_rows = iter(range(offset, offset + len(couplings)))
+        frame_rows = iter(rows) if frames else iter(())
+        for e in model.equalities:
+            order.extend(next(frame_rows) if e.kind in ("connect", "weld")
+                         else [next(coupling_rows)])
+        for e in couplings:
+            A_e, b_e = self._coupling_row(e)
+            A.append(A_e[None])
+            b.append(None if b_e is None else b_e[None])
+        order = np.asarray(order)
+        A = jnp.concatenate(A)[order]
+        b = None if v is None else jnp.concatenate(b)[order]
+        return model._holonomic(self.data, q), A, b
 
     @functools.cached_property
     def holonomic_jacobian(self):
@@ -762,66 +792,83 @@ class _MJXTerms(Terms):
     def _chain(self):
         return _chain(self.model.mjx_model)
 
-    def _offset(self, body: int, point):
-        m = self.model.mjx_model
-        return point - self.data.subtree_com[int(m.body_rootid[body])]
-
-    def _point(self, body: int, point):
-        """`(J_p, J_omega, Jdot_p v, Jdot_omega v)` of a point fixed on `body`
-        (the last two `None` without `v`)."""
+    def _points(self, bodies, points):
+        """`(J_p, J_omega, Jdot_p v, Jdot_omega v)` of points fixed on `bodies`
+        (static ids, shape `(P,)`), at `points` `(P, 3)`: Jacobians `(P, nv, 3)`,
+        bias accelerations `(P, 3)` (`None` without `v`)."""
         d = self.data
-        mask = jnp.asarray(self._chain[body], d.cdof.dtype)
-        offset = self._offset(body, point)
-        rot, lin = d.cdof[:, :3], d.cdof[:, 3:]
-        J_p = ((lin + jnp.cross(rot, offset)) * mask[:, None]).T
-        J_w = (rot * mask[:, None]).T
+        mask = jnp.asarray(self._chain[bodies], d.cdof.dtype)[..., None]
+        root = np.asarray(self.model.mjx_model.body_rootid)[bodies]
+        offset = points - d.subtree_com[root]
+        rot, lin = d.cdof[None, :, :3], d.cdof[None, :, 3:]
+        J_p = (lin + jnp.cross(rot, offset[:, None])) * mask
+        J_w = rot * mask
         if self.v is None:
             return J_p, J_w, None, None
-        alpha, acc = self._bias[body, :3], self._bias[body, 3:]
-        omega = d.cvel[body, :3]
-        velocity = d.cvel[body, 3:] + jnp.cross(omega, offset)
+        alpha, acc = self._bias[bodies, :3], self._bias[bodies, 3:]
+        omega = d.cvel[bodies, :3]
+        velocity = d.cvel[bodies, 3:] + jnp.cross(omega, offset)
         return (J_p, J_w, acc + jnp.cross(alpha, offset) + jnp.cross(omega, velocity),
                 alpha)
 
-    def _equality_rows(self, e: _Equality):
+    def _frame_rows(self, frames: list[_Equality]):
+        """The rows of the connects and welds: `A` `(rows, nv)`, `b` `(rows,)` (or
+        `None`) and, per equality, the indices of its rows."""
+        m, d, v = self.model.mjx_model, self.data, self.v
+        n = len(frames)
+        data = m.eq_data[np.array([e.index for e in frames])]
+        site = np.array([e.site for e in frames])
+        weld = np.array([e.kind == "weld" for e in frames])
+        obj = np.array([[e.obj1, e.obj2] for e in frames])
+        site_obj = np.where(site[:, None], obj, 0)
+        bodies = (np.where(site[:, None], np.asarray(m.site_bodyid)[site_obj], obj)
+                  if m.nsite else obj)
+        # MuJoCo's engine_core_constraint.c: the weld's anchor of body 1 is
+        # data[3:6] and that of body 2 data[0:3]; the connect's the other way.
+        anchors = jnp.where(weld[:, None, None],
+                            jnp.stack([data[:, 3:6], data[:, 0:3]], 1),
+                            jnp.stack([data[:, 0:3], data[:, 3:6]], 1))
+        points = jnp.einsum("epij,epj->epi", d.xmat[bodies], anchors) + d.xpos[bodies]
+        if m.nsite:
+            points = jnp.where(site[:, None, None], d.site_xpos[site_obj], points)
+        bodies, points = bodies.T.reshape(-1), jnp.swapaxes(points, 0, 1).reshape(-1, 3)
+        J_p, J_w, acc, alpha = self._points(bodies, points)
+        A = jnp.zeros((n, 6, m.nv), d.cdof.dtype)
+        A = A.at[:, :3].set(jnp.swapaxes(J_p[:n] - J_p[n:], 1, 2))
+        b = None if v is None else jnp.zeros((n, 6), d.cdof.dtype).at[:, :3].set(
+            acc[n:] - acc[:n])
+        w = np.nonzero(weld)[0]
+        if w.size:
+            identity = jnp.array([1.0, 0.0, 0.0, 0.0], d.cdof.dtype)
+            rel1, rel2 = data[w, 6:10], jnp.broadcast_to(identity, (w.size, 4))
+            if m.nsite:
+                rel1 = jnp.where(site[w, None], m.site_quat[site_obj[w, 0]], rel1)
+                rel2 = jnp.where(site[w, None], m.site_quat[site_obj[w, 1]], rel2)
+            b1, b2 = bodies[w], bodies[n + w]
+            q1 = jax.vmap(_quat_mul)(d.xquat[b1], rel1)
+            q2bar = jax.vmap(_quat_conj)(jax.vmap(_quat_mul)(d.xquat[b2], rel2))
+            scale = data[w, 10]  # torquescale
+            dW = jnp.swapaxes(J_w[w] - J_w[n + w], 1, 2)
+            K = jax.vmap(_quat_sandwich)(q2bar, q1)
+            A = A.at[w, 3:].set(0.5 * scale[:, None, None] * (K @ dW))
+            if v is not None:
+                b = b.at[w, 3:].set(jax.vmap(_weld_bias)(
+                    q1, q2bar, d.cvel[b1, :3], d.cvel[b2, :3], alpha[w],
+                    alpha[n + w]) * -scale[:, None])
+        rows, kept = [], 0
+        for i, e in enumerate(frames):
+            count = 6 if e.kind == "weld" else 3
+            rows.append(list(range(kept, kept + count)))
+            kept += count
+        keep = np.concatenate([6 * i + np.arange(6 if weld[i] else 3)
+                               for i in range(n)])
+        A = A.reshape(6 * n, m.nv)[keep]
+        return A, None if b is None else b.reshape(6 * n)[keep], rows
+
+    def _coupling_row(self, e: _Equality):
+        """`(A, b)` of a joint or tendon coupling $x_1 - p(x_2)$ (`b` `None`
+        without `v`)."""
         m, d, q, v = self.model.mjx_model, self.data, self.q, self.v
-        phi = self.model._equality(d, q, e)
-        if e.kind in ("connect", "weld"):
-            data = m.eq_data[e.index]
-            a1, a2 = (data[0:3], data[3:6]) if e.kind == "connect" else (data[3:6],
-                                                                          data[0:3])
-            if e.site:
-                b1, b2 = int(m.site_bodyid[e.obj1]), int(m.site_bodyid[e.obj2])
-                p1, p2 = d.site_xpos[e.obj1], d.site_xpos[e.obj2]
-            else:
-                b1, b2 = e.obj1, e.obj2
-                p1 = d.xmat[b1] @ a1 + d.xpos[b1]
-                p2 = d.xmat[b2] @ a2 + d.xpos[b2]
-            J1, W1, acc1, alpha1 = self._point(b1, p1)
-            J2, W2, acc2, alpha2 = self._point(b2, p2)
-            A = J1 - J2
-            b = None if v is None else -(acc1 - acc2)
-            if e.kind == "connect":
-                return phi, A, b
-            if e.site:
-                q1 = _quat_mul(d.xquat[b1], m.site_quat[e.obj1])
-                q2 = _quat_mul(d.xquat[b2], m.site_quat[e.obj2])
-            else:
-                q1 = _quat_mul(d.xquat[b1], data[6:10])  # relpose
-                q2 = d.xquat[b2]
-            scale = data[10]  # torquescale
-            q2bar = _quat_conj(q2)
-            A_rot = 0.5 * scale * _quat_sandwich(q2bar, q1) @ (W1 - W2)
-            if v is None:
-                return phi, jnp.concatenate([A, A_rot]), None
-            w1, w2 = d.cvel[b1, :3], d.cvel[b2, :3]
-            dw = w1 - w2
-            inner = (0.5 * _pure(alpha1 - alpha2)
-                     + 0.25 * (_quat_mul(_pure(dw), _pure(w1))
-                               - _quat_mul(_pure(w2), _pure(dw))))
-            b_rot = -scale * _quat_mul(_quat_mul(q2bar, inner), q1)[1:]
-            return phi, jnp.concatenate([A, A_rot]), jnp.concatenate([b, b_rot])
-        # joint or tendon: x1 - p(x2)
         data = m.eq_data[e.index]
         nv = self.model.nv
         if e.kind == "joint":
@@ -845,7 +892,7 @@ class _MJXTerms(Terms):
             if v is not None:
                 curvature = 2 * data[2] + x2 * (6 * data[3] + x2 * 12 * data[4])
                 b = b + slope * c2 + curvature * (J2 @ v) ** 2
-        return phi, A[None], None if b is None else b[None]
+        return A, b
 
     @functools.cached_property
     def _tendon_dot(self):
