@@ -48,6 +48,7 @@ from ._projection import (
 from ._solver.projected import Projected as Projected
 from ._solver.rk4 import RK4 as RK4
 from ._xla import compiler_options as compiler_options
+from ._cache import use_compilation_cache as use_compilation_cache
 
 DAEResults = RESULTS
 """The former name of [`cdiff.RESULTS`][] (when only [`cdiff.BDF`][] had codes of its

@@ -115,9 +115,9 @@ def _holonomic_jacobian(model: AbstractModel, t, q):
     return phi, jax.vmap(lambda r: rate_transpose(r)[0])(rows)
 
 
-def _holonomic_kinematics(model: AbstractModel, t, q, v):
-    r"""`(phi_q, dphi_q, A_q, b_qv)` of the holonomic rows by autodiff: a Jacobian
-    and a `jvp` of a `jvp` for $b_{qv}$."""
+def _kinematics(model: AbstractModel, t, q, v) -> Kinematics:
+    """Every constraint term by autodiff: a Jacobian and a `jvp` of a `jvp` for
+    $b_{qv}$, and the nonholonomic rows as `_nonholonomic_kinematics`."""
     t = jnp.asarray(t, dtype=q.dtype)
 
     def hol(t, q):
@@ -132,7 +132,16 @@ def _holonomic_kinematics(model: AbstractModel, t, q, v):
     qdot = rate(t, q)
     (phi_q, dphi_q), (_, ddphi0) = jax.jvp(first, (t, q), (_unit(t), qdot))
     _, A_q = _holonomic_jacobian(model, t, q)
-    return phi_q, dphi_q, A_q, -ddphi0
+    b_q = A_q @ v - dphi_q
+
+    def non(t, q, v):
+        return model.nonholonomic(t, q, v)
+
+    phi_v, dphi_v0 = jax.jvp(non, (t, q, v), (_unit(t), qdot, jnp.zeros_like(v)))
+    _, A_vv = jacobian(lambda v: non(t, q, v), v)
+    A_v = jnp.concatenate([A_q, A_vv])
+    b_v = jnp.concatenate([-ddphi0, -dphi_v0])
+    return Kinematics(phi_q, dphi_q, A_q, b_q, phi_v, A_v, b_v)
 
 
 def _nonholonomic_kinematics(model: AbstractModel, t, q, v):
@@ -246,9 +255,7 @@ class Terms:
     @functools.cached_property
     def kinematics(self) -> Kinematics:
         """The constraint [`Kinematics`][cdiff.Kinematics] at the state."""
-        v = self._velocity()
-        return assemble(_holonomic_kinematics(self.model, self.t, self.q, v),
-                        _nonholonomic_kinematics(self.model, self.t, self.q, v), v)
+        return _kinematics(self.model, self.t, self.q, self._velocity())
 
     @functools.cached_property
     def residuals(self) -> tuple[Array, Array]:

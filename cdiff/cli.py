@@ -61,6 +61,7 @@ import cdiff
 from cdiff import _cli_study, _run_figure
 from cdiff import _plain_text as _text
 from cdiff._animate import check_target as check_animation_target
+from cdiff._cache import cli_compilation_cache
 from cdiff._model import check_model
 from cdiff._model import has_energy as model_has_energy
 from cdiff.models import MJCF_LIBRARY, MODELS
@@ -824,6 +825,8 @@ def main(argv: list[str] | None = None) -> int:
         return _list()
     # The references are float64; --float32 only casts the simulated state.
     jax.config.update("jax_enable_x64", True)
+    # A later run of the same model and settings loads its compiled programs.
+    cli_compilation_cache()
     try:
         if args.command == "study":
             _cli_study.check(args, args.parser)

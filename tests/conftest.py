@@ -47,6 +47,10 @@ def _add_test_xla_flag() -> None:
 
 _add_test_xla_flag()
 
+# The command line keeps compiled programs in a persistent cache (~/.cache/cdiff);
+# the suite compiles each program afresh, unless a test asks for a cache of its own.
+os.environ.setdefault("CDIFF_COMPILATION_CACHE", "0")
+
 # Linux allows a process 65530 memory mappings (`vm.max_map_count`).
 _MAPPINGS_BEFORE_CLEARING = 20_000
 

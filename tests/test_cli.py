@@ -795,3 +795,30 @@ def test_mjcf_models_by_name_and_by_path(monkeypatch, tmp_path):
         call = _simulate_call([model], monkeypatch, tmp_path)
         assert (call.kwargs["t1"], call.kwargs["dt"]) == (t1, dt), model
         assert call.formulation == cdiff.UdwadiaKalaba()
+
+
+def test_compilation_cache_is_reused_by_a_second_process(tmp_path):
+    """`cdiff run` keeps its compiled programs in `CDIFF_COMPILATION_CACHE`: the
+    first process writes them, a second one with the same model and settings finds
+    every program there and writes nothing new."""
+    import os
+    import subprocess
+    import sys
+
+    cache = tmp_path / "cache"
+    # Every program kept, also those that compile in under JAX's default 1 s.
+    env = {**os.environ, "CDIFF_COMPILATION_CACHE": str(cache),
+           "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": "0"}
+    command = [sys.executable, "-m", "cdiff.cli", "run", "slider-crank",
+               "--t1", "0.02", "--no-progress", "--out", str(tmp_path / "out")]
+
+    def entries():
+        return sorted(p.name for p in cache.rglob("*") if p.is_file())
+
+    first = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert first.returncode == 0, first.stderr
+    written = entries()
+    assert written
+    second = subprocess.run(command, env=env, capture_output=True, text=True)
+    assert second.returncode == 0, second.stderr
+    assert entries() == written
