@@ -166,6 +166,11 @@ class MuJoCoModel(AbstractModel):
     - `joint` and `tendon`: $x_1 - p(x_2)$ with MuJoCo's quartic $p$, joint
       positions relative to `qpos0` and tendon lengths to `tendon_length0`.
 
+    Formulations read all of this at a state from one MJX pass (`terms`): the
+    constraint Jacobians and their velocity-product terms come from MJX's body
+    Jacobians and bias accelerations, as MuJoCo builds `efc_J`, not from autodiff
+    through the kinematic tree.
+
     `q` is MuJoCo's `qpos` (`nq`) and `v` its `qvel` (`nv`): ball and free joints
     hold unit quaternions and local angular velocities, mapped by
     `position_rate` and `integrate_position`. Kinematics normalise the
