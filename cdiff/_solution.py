@@ -287,6 +287,8 @@ class Trajectory(eqx.Module):
 
 
 _DIAGNOSTICS_CHUNK = 4096
+# Up to this many saved rows, the diagnostics are evaluated row by row.
+_DIAGNOSTICS_LOOP = 16
 
 
 def rates(formulation: AbstractFormulation, context: Context, t, y, dyn):
@@ -318,12 +320,13 @@ def _along(one, ts, ys, empty=None):
     )
     args = (jnp.where(valid, ts, 0.0), safe_ys)
 
-    # In chunks: one vmap over more than 8192 rows containing eqx.error_if's
-    # callback deadlocks XLA's CPU runtime (jaxlib 0.10.2). lax.map's chunking
-    # fails on outputs of size zero (a model without holonomic rows), so those
-    # are made directly.
-    def shapes():
-        return jax.eval_shape(jax.vmap(lambda a: one(*a)), args)
+    rows = ts.shape[0]
+
+    def shapes():  # one row's outputs, with a leading axis of `rows`
+        single = jax.eval_shape(one, *jax.tree.map(
+            lambda x: jax.ShapeDtypeStruct(x.shape[1:], x.dtype), args))
+        return [None if s is None else jax.ShapeDtypeStruct((rows,) + s.shape, s.dtype)
+                for s in single]
 
     if empty is None:
         empty = [s is not None and s.size == 0 for s in shapes()]
@@ -331,7 +334,13 @@ def _along(one, ts, ys, empty=None):
     def nonempty(a):
         return tuple(None if e else x for x, e in zip(one(*a), empty))
 
-    out = jax.lax.map(nonempty, args, batch_size=_DIAGNOSTICS_CHUNK)
+    # A few rows in a loop: `one` is traced once, not also batched (batching a
+    # loaded model's MJX program costs seconds of tracing). More in chunks: one
+    # vmap over more than 8192 rows containing eqx.error_if's callback deadlocks
+    # XLA's CPU runtime (jaxlib 0.10.2). lax.map's chunking fails on outputs of
+    # size zero (a model without holonomic rows), so those are made directly.
+    batch = None if rows <= _DIAGNOSTICS_LOOP else _DIAGNOSTICS_CHUNK
+    out = jax.lax.map(nonempty, args, batch_size=batch)
     if any(empty):
         out = tuple(jnp.zeros(s.shape, s.dtype) if e else x
                     for x, s, e in zip(out, shapes(), empty))

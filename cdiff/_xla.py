@@ -212,10 +212,19 @@ def _contains_transcendental(jaxpr) -> bool:
     return False
 
 
+#: Nested `jit`s of more equations than this stay one call (see `_inlined`).
+_INLINE_AT_MOST = 1000
+
+
 @no_type_check
 def _inlined(eqn):
-    """The closed jaxpr of a nested `jit` to evaluate in line, else None."""
-    if eqn.primitive is primitives.jit_p:
+    """The closed jaxpr of a nested `jit` to evaluate in line, else None. A large
+    one (a loaded model's MJX pass) stays one call: JAX traced it once and reuses
+    that trace in every program, while re-evaluating it equation by equation here
+    would cost seconds of tracing per vector field and give XLA a copy to compile
+    that no other program shares."""
+    if (eqn.primitive is primitives.jit_p
+            and len(eqn.params["jaxpr"].jaxpr.eqns) <= _INLINE_AT_MOST):
         return eqn.params["jaxpr"]
     return None
 

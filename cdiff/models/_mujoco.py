@@ -118,33 +118,29 @@ def _vee(omega_hat):
     return jnp.stack([a[2, 1], a[0, 2], a[1, 0]])
 
 
-@functools.partial(jax.jit, static_argnames=("dynamics", "inertia", "tendon"))
-def _mjx_stages(m, q, v, *, dynamics, inertia, tendon):
-    """MJX's stages that the caller needs: `kinematics` always; `com_pos`,
-    `tendon` and `transmission` for `dynamics`; `com_pos`, `tendon`, `crb` and
-    `tendon_armature` for `inertia`; `tendon` for `tendon`; with `v`, also
-    `fwd_velocity`.
+@jax.jit
+def _mjx_stages(m, q, v):
+    """MJX's stages at `(q, v)`: `kinematics`, `com_pos`, `tendon`,
+    `transmission`, `crb`, `tendon_armature` and `fwd_velocity`.
 
-    Jitted so that it is traced once per model structure and set of stages: MJX
-    is written as thousands of scalar operations, and tracing them again in each
-    of a formulation's derivatives would dominate the compilation; JAX applies
-    derivatives and batching to a jitted call's traced program instead."""
+    Every MJX evaluation of a model goes through this one jitted function with one
+    signature, whatever part of the data the caller reads: MJX is written as
+    thousands of scalar operations, and JAX traces a jitted function once per
+    signature and reuses that trace in every program (the checks before tracing,
+    the vector field, the per-step data, the solution's diagnostics) and in each
+    of a formulation's derivatives. XLA then drops the stages a program does not
+    read."""
     _, mjx = _mujoco()
     # MJX relies on NumPy's implicit dtype promotion (bool * float, ...).
     with jax.numpy_dtype_promotion("standard"):
         d = mjx.make_data(m).replace(qpos=q)
         d = mjx.kinematics(m, d)
-        if dynamics or inertia or v is not None:
-            d = mjx.com_pos(m, d)
-        if dynamics or inertia or tendon or v is not None:
-            d = mjx.tendon(m, d)
-        if dynamics or v is not None:
-            d = mjx.transmission(m, d)
-        if inertia:
-            d = mjx.crb(m, d)
-            d = mjx.tendon_armature(m, d)
-        if v is not None:
-            d = mjx.fwd_velocity(m, d.replace(qvel=v))
+        d = mjx.com_pos(m, d)
+        d = mjx.tendon(m, d)
+        d = mjx.transmission(m, d)
+        d = mjx.crb(m, d)
+        d = mjx.tendon_armature(m, d)
+        d = mjx.fwd_velocity(m, d.replace(qvel=v))
     return d
 
 
@@ -231,22 +227,22 @@ class MuJoCoModel(AbstractModel):
 
     def mjx_data(self, q, v=None):
         """MJX's data at `(q, v)` after `mjx.kinematics`, `mjx.com_pos`,
-        `mjx.tendon`, `mjx.transmission`, `mjx.crb` and `mjx.tendon_armature`
-        (positions, Jacobians, the mass matrix) and, with `v`, `mjx.fwd_velocity`
+        `mjx.tendon`, `mjx.transmission`, `mjx.crb`, `mjx.tendon_armature`
+        (positions, Jacobians, the mass matrix) and `mjx.fwd_velocity`
         (`qfrc_bias`, `qfrc_passive`).
 
         **Arguments:**
 
         - `q`: `qpos`, shape `(nq,)`.
-        - `v`: `qvel`, shape `(nv,)`, or `None`.
+        - `v`: `qvel`, shape `(nv,)`, or `None` for zero velocity.
 
         **Returns:** an `mjx.Data`.
         """
-        return self._data(q, v, dynamics=True, inertia=True)
+        return self._data(q, v)
 
-    def _data(self, q, v=None, *, dynamics=False, inertia=False, tendon=False):
-        return _mjx_stages(self.mjx_model, q, v, dynamics=dynamics, inertia=inertia,
-                           tendon=tendon)
+    def _data(self, q, v=None):
+        return _mjx_stages(self.mjx_model, q, jnp.zeros(self.nv, q.dtype) if v is None
+                           else v)
 
     def _full_m(self, d):
         _, mjx = _mujoco()
@@ -278,7 +274,7 @@ class MuJoCoModel(AbstractModel):
 
     def mass_matrix(self, t, q):
         """MuJoCo's joint-space inertia (armature included), shape `(nv, nv)`."""
-        return self._full_m(self._data(q, inertia=True))
+        return self._full_m(self._data(q))
 
     def forces(self, t, q, v):
         """`qfrc_passive - qfrc_bias` plus the actuators' affine bias, shape
@@ -306,7 +302,7 @@ class MuJoCoModel(AbstractModel):
         enters as $E u$, without MuJoCo's `ctrlrange` clamping or force limits."""
         if self.nu == 0:
             return jnp.zeros((self.nv, 0), dtype=q.dtype)
-        return self._input_matrix(self._data(q, dynamics=True))
+        return self._input_matrix(self._data(q))
 
     def _input_matrix(self, d):
         m = self.mjx_model
@@ -319,7 +315,7 @@ class MuJoCoModel(AbstractModel):
         type equality), shape `(m,)`."""
         if not self.equalities:
             return jnp.zeros((0,), dtype=q.dtype)
-        d = self._data(q, tendon=any(e.kind == "tendon" for e in self.equalities))
+        d = self._data(q)
         return self._holonomic(d, q)
 
     def _holonomic(self, d, q):
@@ -369,7 +365,7 @@ class MuJoCoModel(AbstractModel):
         """Kinetic plus potential energy: $\\tfrac12 v^TMv$, gravity (less its
         compensation), joint and tendon springs, as MuJoCo's `mj_energyPos` and
         `mj_energyVel`."""
-        d = self._data(q, inertia=True)
+        d = self._data(q)
         return self._energy(d, v, self._full_m(d))
 
     def _energy(self, d, v, M):
@@ -679,7 +675,7 @@ class _MJXTerms(Terms):
     @functools.cached_property
     def data(self):
         """MJX's data at the state after every stage (`MuJoCoModel.mjx_data`)."""
-        return self.model._data(self.q, self.v, dynamics=True, inertia=True)
+        return self.model._data(self.q, self.v)
 
     @functools.cached_property
     def mass_matrix(self):
