@@ -12,7 +12,7 @@ from jaxtyping import Array, Float, PyTree
 from ._formulation.base import AbstractFormulation, Context
 from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
-from ._model import has_energy
+from ._model import AbstractModel, has_energy
 from ._solution import Solution, Trajectory, build_solution
 from ._xla import compute_once
 from .control._state import (
@@ -80,6 +80,23 @@ class Problem(eqx.Module):
     def freeze(self, t0, t1, y) -> PyTree:
         """The per-step data of a step from `(t0, y)` to `t1`."""
         return compute_once(self.formulation.freeze)(t0, t1, y, self.context)
+
+    @property
+    def freezes_at_first_stage(self) -> bool:
+        """Whether a one-step solver takes the per-step data from the first
+        stage's evaluation (`rate_and_freeze`) instead of calling `freeze`: when
+        the formulation reads only the model's terms to freeze, and the model
+        computes its terms in one evaluation of its own (a loaded MuJoCo model),
+        so that the freeze's evaluation would repeat the first stage's."""
+        model_terms = type(self.context.model).terms
+        return (self.formulation.freezes_from_terms
+                and model_terms is not AbstractModel.terms)
+
+    def rate_and_freeze(self, t, y, frozen, dt, first) -> tuple[PyTree, PyTree]:
+        """The vector field at a stage and the per-step data it used: those of a
+        step of size `dt` from `(t, y)` where `first`, else `frozen`."""
+        return compute_once(self.formulation.vector_field_and_freeze)(
+            t, y, self.context, frozen, dt, first)
 
     def end_step(self, t, y) -> PyTree:
         """The formulation's map of the state at the end of a step."""

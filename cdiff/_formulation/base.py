@@ -97,9 +97,14 @@ class AbstractFormulation(eqx.Module):
     - `corrects_energy`: `True` when the formulation holds the energy at its
       initial value (it then needs a conservative model and no controller).
       Default `False`.
+    - `freezes_from_terms`: `True` when `freeze` reads only the model's terms at
+      the step start, which the first stage's vector field evaluates anyway: its
+      `vector_field_and_freeze` then takes both from one evaluation. Default
+      `False`.
     """
 
     stepwise: ClassVar[bool] = False
+    freezes_from_terms: ClassVar[bool] = False
 
     @property
     def corrects_energy(self) -> bool:
@@ -118,6 +123,22 @@ class AbstractFormulation(eqx.Module):
         """Per-step quantities evaluated at the start `(t0, y0)` of a step to `t1`."""
         del t0, t1, y0, context
         return None
+
+    def vector_field_and_freeze(self, t, y, context: Context, frozen: PyTree, dt,
+                                first) -> tuple[PyTree, PyTree]:
+        """The vector field at `(t, y)` with the per-step data of a step of size
+        `dt`, `freeze(t, t + dt, y)`, where `first` (traced: the step's first
+        stage, at its start) and `frozen` elsewhere; returns it and the per-step
+        data used.
+
+        A one-step solver calls this at every stage instead of `freeze` at the
+        step start and `vector_field` at the stages, when the formulation sets
+        `freezes_from_terms` and the model supplies its own
+        [`cdiff.AbstractModel.terms`][] (one evaluation at the first stage then
+        serves both). Default: both, computed on their own."""
+        own = self.freeze(t, t + dt, y, context)
+        frozen = jax.tree.map(lambda a, b: jnp.where(first, a, b), own, frozen)
+        return self.vector_field(t, y, context, frozen), frozen
 
     def bind(self, model: AbstractModel, t0, q0, v0) -> "AbstractFormulation":
         """Settle static choices from the initial state, before tracing (called by
@@ -215,14 +236,16 @@ def mass_factor(model: AbstractModel, t, q) -> MassFactor:
     return checked_mass(model, t, q)[1]
 
 
-def free_motion(context: Context, t, q, v):
+def free_motion(context: Context, t, q, v, terms: Terms | None = None):
     """What every acceleration-level formulation starts from at `(t, q, v)`: the
     Cholesky factor of $M$ (checked), the unconstrained acceleration
     $a = M^{-1}(Q + Eu)$ and the constraint kinematics, all from the model's terms
-    at the state (one evaluation, [`cdiff.AbstractModel.terms`][]).
+    at the state (one evaluation, [`cdiff.AbstractModel.terms`][]; `terms`, when
+    given, are those at the state already at hand).
 
     **Returns:** `(mass_factor, a, kinematics)`."""
-    terms = context.model.terms(t, q, v)
+    if terms is None:
+        terms = context.model.terms(t, q, v)
     _, mf = checked_mass(context.model, t, q, terms)
     a = mf.solve(applied_forces(context, t, q, v, terms))
     return mf, a, terms.kinematics

@@ -8,7 +8,6 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 
-from .._kinematics import energy_law, residuals
 from .._linalg import PseudoInverse, default_rtol, matvec
 from .base import (
     AbstractFormulation,
@@ -107,14 +106,18 @@ class UdwadiaKalaba(AbstractFormulation):
         check_gains("UdwadiaKalaba", energy_damping=self.energy_damping,
                     rtol=self.rtol)
 
+    freezes_from_terms: ClassVar[bool] = True  # the residuals and energy at t0
+
     def freeze(self, t0, t1, y0, context: Context):
         q, v = y0
-        model = context.model
-        dt = t1 - t0
-        phi_q, phi_v = residuals(model, t0, q, v)
+        return self._deltas(t1 - t0, context, context.model.terms(t0, q, v))
+
+    def _deltas(self, dt, context: Context, terms) -> _Deltas:
+        phi_q, phi_v = terms.residuals
+        q = terms.q
         scale = 1.0 if self.constraint_correction else 0.0
         if self.energy_correction:
-            energy = model.energy(t0, q, v)
+            energy = terms.energy
             phi_e = energy - context.e0
             rtol = default_rtol(q.dtype) if self.rtol is None else self.rtol
             damping_e = jnp.abs(phi_e) + rtol * jnp.abs(energy) + self.energy_damping
@@ -127,10 +130,21 @@ class UdwadiaKalaba(AbstractFormulation):
             damping_e=jax.lax.stop_gradient(damping_e),
         )
 
-    def dynamics(self, t, y, context: Context, frozen: _Deltas) -> Dynamics:
+    def vector_field_and_freeze(self, t, y, context: Context, frozen: _Deltas, dt,
+                                first):
+        q, v = y
+        terms = context.model.terms(t, q, v)
+        own = self._deltas(dt, context, terms)
+        frozen = jax.tree.map(lambda a, b: jnp.where(first, a, b), own, frozen)
+        return self.dynamics(t, y, context, frozen, terms).rate, frozen
+
+    def dynamics(self, t, y, context: Context, frozen: _Deltas,
+                 terms=None) -> Dynamics:
         q, v = y
         model = context.model
-        mf, a, kin = free_motion(context, t, q, v)
+        if terms is None:
+            terms = model.terms(t, q, v)
+        mf, a, kin = free_motion(context, t, q, v, terms)
         pinv_v = PseudoInverse(mf.weight(kin.A_v), self.rtol)
         # Eq. 16: velocity-level correction by an ideal impulse.
         if self.constraint_correction:
@@ -149,7 +163,7 @@ class UdwadiaKalaba(AbstractFormulation):
         force = mf.times_R_transpose(y_v)
         # Eq. 20: nonideal energy-correction force, tangent to the constraints.
         if self.energy_correction:
-            law = energy_law(model, t, q, v, qdot=dq)
+            law = terms.energy_law(dq)
             c_e = mf.weight(law.A_e[None])[0]
             w = pinv_v.null_project(c_e)  # (C_e N_v)^T = N_v C_e^T
             r_ev = law.b_e - jnp.sum(law.A_e * a) - frozen.delta_e - jnp.sum(c_e * y_v)

@@ -151,7 +151,8 @@ def _show_progress(fraction, *done):
 def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
               save_steps: bool, save_t1: bool, rows: int, keep_stages: bool = False,
               save_ts=None, plan: SavePlan | None = None, blocks: int = 1,
-              block: int | None = None, progress: bool = False):
+              block: int | None = None, progress: bool = False,
+              rate_and_freeze=None):
     r"""Constant-step RK4 in `jax.lax.scan`s: what `diffrax.diffeqsolve` does with
     [`RK4`][], `FrozenStep` and a constant step, without its general machinery
     (the buffer of all stages, the adaptive step loop, dense output). Used by
@@ -161,6 +162,11 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
 
     - `rate(t, y, frozen)`: the vector field; `freeze(t0, t1, y)`: the per-step
       data (see `FrozenStep`); `end_step(t, y)`: the end-of-step map.
+    - `rate_and_freeze(t, y, frozen, dt, first)`: when given, called at every
+      stage instead of `rate`, returning the rate and the per-step data it used
+      (those of a step of size `dt` from the stage's state where `first`): the
+      first stage then provides the per-step data, and `freeze` is only traced
+      for its structure (`Problem.rate_and_freeze`).
     - `ts`: the step times $t_0 < t_1 < \dots$ (at least `steps + 1` of them).
     - `y0`: the initial state. `steps`: the number of steps (static).
     - `save_t0`, `save_steps`, `save_t1`: what to save, as `diffrax.SaveAt` does;
@@ -212,24 +218,33 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
         # recomputes each stage for its derivative instead of storing all four
         # (faster; unrolling the stages is not: see benchmarks/RESULTS.md).
         h = t1 - t0
-        frozen = freeze(t0, t1, y)
+        if rate_and_freeze is None:
+            frozen = freeze(t0, t1, y)
+        else:  # set by the first stage
+            frozen = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                  jax.eval_shape(freeze, t0, t1, y))
         dtype = jnp.result_type(h)
         a = jnp.array([0.0, 0.5, 0.5, 1.0], dtype)
         weights = jnp.array(b, dtype)
 
         @functools.partial(jax.checkpoint, prevent_cse=False)
         def stage(i, carry):
-            k_prev, total, k_first = carry
-            f = rate(t0 + a[i] * h, axpy(y, a[i], k_prev), frozen)
+            # The per-step data is carried only when the first stage sets it.
+            (k_prev, total, k_first), *carried = carry
+            t, y_i = t0 + a[i] * h, axpy(y, a[i], k_prev)
+            if rate_and_freeze is None:
+                f = rate(t, y_i, frozen)
+            else:
+                f, *carried = rate_and_freeze(t, y_i, *carried, h, i == 0)
             k = jax.tree.map(lambda f: h * f, f)
             if interpolate or traced_ts:  # the first stage, for the interpolant
                 k_first = jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), k,
                                        k_first)
-            return k, axpy(total, weights[i], k), k_first
+            return (k, axpy(total, weights[i], k), k_first), *carried
 
         zero = jax.tree.map(jnp.zeros_like, y)
-        k_last, increment, k_first = jax.lax.fori_loop(0, 4, stage,
-                                                       (zero, zero, zero))
+        init = ((zero, zero, zero),) + ((frozen,) if rate_and_freeze else ())
+        (k_last, increment, k_first), *_ = jax.lax.fori_loop(0, 4, stage, init)
         return end_step(t1, jax.tree.map(jnp.add, y, increment)), k_first, k_last
 
     def body(carry, xs):
@@ -371,6 +386,8 @@ def rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         steps=steps, save_t0=save_t0, save_steps=save_steps, save_t1=save_t1,
         rows=rows, keep_stages=keep_stages, save_ts=save_ts, plan=plan,
         blocks=blocks, block=block, progress=progress,
+        rate_and_freeze=(problem.rate_and_freeze
+                         if problem.freezes_at_first_stage else None),
     )
     if throw:
         ts = result.error_if(ts, result != diffrax.RESULTS.successful)

@@ -714,9 +714,10 @@ class _MJXTerms(Terms):
             return empty, jnp.zeros((0, nv), dtype), empty
         frames = [e for e in model.equalities if e.kind in ("connect", "weld")]
         couplings = [e for e in model.equalities if e.kind not in ("connect", "weld")]
-        A, b, order = [], [], []
+        phi, A, b, order = [], [], [], []
         if frames:
-            A_f, b_f, rows = self._frame_rows(frames)
+            phi_f, A_f, b_f, rows = self._frame_rows(frames)
+            phi.append(phi_f)
             A.append(A_f)
             b.append(b_f)
         offset = sum(len(r) for r in rows) if frames else 0
@@ -727,12 +728,14 @@ class _MJXTerms(Terms):
                          else [next(coupling_rows)])
         for e in couplings:
             A_e, b_e = self._coupling_row(e)
+            phi.append(model._equality(self.data, q, e))
             A.append(A_e[None])
             b.append(None if b_e is None else b_e[None])
         order = np.asarray(order)
+        phi = jnp.concatenate(phi)[order]
         A = jnp.concatenate(A)[order]
         b = None if v is None else jnp.concatenate(b)[order]
-        return model._holonomic(self.data, q), A, b
+        return phi, A, b
 
     @functools.cached_property
     def holonomic_jacobian(self):
@@ -813,8 +816,9 @@ class _MJXTerms(Terms):
                 alpha)
 
     def _frame_rows(self, frames: list[_Equality]):
-        """The rows of the connects and welds: `A` `(rows, nv)`, `b` `(rows,)` (or
-        `None`) and, per equality, the indices of its rows."""
+        """The rows of the connects and welds: residuals `phi` `(rows,)` (as
+        `MuJoCoModel._equality`), `A` `(rows, nv)`, `b` `(rows,)` (or `None`) and,
+        per equality, the indices of its rows."""
         m, d, v = self.model.mjx_model, self.data, self.v
         n = len(frames)
         data = m.eq_data[np.array([e.index for e in frames])]
@@ -834,6 +838,7 @@ class _MJXTerms(Terms):
             points = jnp.where(site[:, None, None], d.site_xpos[site_obj], points)
         bodies, points = bodies.T.reshape(-1), jnp.swapaxes(points, 0, 1).reshape(-1, 3)
         J_p, J_w, acc, alpha = self._points(bodies, points)
+        phi = jnp.zeros((n, 6), d.cdof.dtype).at[:, :3].set(points[:n] - points[n:])
         A = jnp.zeros((n, 6, m.nv), d.cdof.dtype)
         A = A.at[:, :3].set(jnp.swapaxes(J_p[:n] - J_p[n:], 1, 2))
         b = None if v is None else jnp.zeros((n, 6), d.cdof.dtype).at[:, :3].set(
@@ -850,6 +855,8 @@ class _MJXTerms(Terms):
             q2bar = jax.vmap(_quat_conj)(jax.vmap(_quat_mul)(d.xquat[b2], rel2))
             scale = data[w, 10]  # torquescale
             dW = jnp.swapaxes(J_w[w] - J_w[n + w], 1, 2)
+            phi = phi.at[w, 3:].set(jax.vmap(_quat_mul)(q2bar, q1)[:, 1:]
+                                    * scale[:, None])
             K = jax.vmap(_quat_sandwich)(q2bar, q1)
             A = A.at[w, 3:].set(0.5 * scale[:, None, None] * (K @ dW))
             if v is not None:
@@ -864,7 +871,8 @@ class _MJXTerms(Terms):
         keep = np.concatenate([6 * i + np.arange(6 if weld[i] else 3)
                                for i in range(n)])
         A = A.reshape(6 * n, m.nv)[keep]
-        return A, None if b is None else b.reshape(6 * n)[keep], rows
+        return (phi.reshape(6 * n)[keep], A,
+                None if b is None else b.reshape(6 * n)[keep], rows)
 
     def _coupling_row(self, e: _Equality):
         """`(A, b)` of a joint or tendon coupling $x_1 - p(x_2)$ (`b` `None`
