@@ -5,9 +5,11 @@ side with MuJoCo's C engine and MJX, in one run.
         [--batch-steps 100] [--grad-steps 20] [--repeats 2] [--before] [--record]
 
 For each model (the shipped MJCF files of `cdiff.models.MJCF_LIBRARY` that have
-equality constraints, and `benchmarks/models/loop_walker.xml`, a free-floating
-32-dof walker with ball joints, springs and four `connect` loops), started from
-its first keyframe at the file's own timestep:
+equality constraints; `benchmarks/models/gripper.xml`, an 8-dof parallel gripper
+with two four-bar loops, a joint coupling and a tendon servo; and
+`benchmarks/models/loop_walker.xml`, a free-floating 32-dof walker with ball
+joints, springs and four `connect` loops), started from its first keyframe at the
+file's own timestep:
 
 1. **MuJoCo C**: `mujoco.mj_step` at the model's settings (its integrator,
    solver and soft equality constraints), `--steps` steps.
@@ -15,9 +17,7 @@ its first keyframe at the file's own timestep:
    lower, then XLA), `--steps` steps of one trajectory called from Python, and
    `jax.jit(jax.vmap(mjx.step))` over `--batch` copies for `--batch-steps` steps.
    Not in a `fori_loop`, which deadlocked on robot-scale models with jaxlib
-   0.10.2 on the development CPU; in a process of its own, stopped after
-   `--mjx-timeout` seconds (its step also stopped making progress, every thread
-   waiting, on the N four-bar).
+   0.10.2 on the development CPU. Run in this process, before cdiff.
 3. **cdiff**: `jax.jit` of `cdiff.simulate(model, UdwadiaKalaba(), q0, v0, ...)`
    (RK4, final state only) for one trajectory of `--steps` steps and a `jax.vmap`
    over `--batch` initial velocities (the keyframe's scaled by 0.5 to 1.5, which
@@ -27,8 +27,9 @@ its first keyframe at the file's own timestep:
    constraint terms by autodiff through MJX's kinematic tree (`cdiff.Terms`, the
    path before one-pass terms), so that the ratio is measured in the same run.
 
-Reported: compile time split into trace + lower and XLA compile (first call
-minus run for the batch and gradient), run time as steps/s (all members of a
+Reported: compile time split into trace + lower and XLA compile, and the first
+call (compile and one run; for MJX, compile and one step), for the batch and the
+gradient the first call minus a run, run time as steps/s (all members of a
 batch together), and the largest equality residual (MuJoCo's `efc_pos` rows of
 type equality, `mj_fwdPosition` on the final `qpos`) each method leaves. The
 table goes to stdout, progress to stderr; `--record` appends it to RESULTS.md.
@@ -49,7 +50,7 @@ sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(
 import argparse
 import contextlib
 import io
-import multiprocessing
+import queue
 import time
 
 import jax
@@ -68,11 +69,12 @@ with contextlib.redirect_stdout(io.StringIO()):
     from mujoco import mjx  # noqa: E402
 
 HERE = Path(__file__).parent
-MODELS = {"loop-walker": HERE / "models" / "loop_walker.xml"}
+MODELS = {"loop-walker": HERE / "models" / "loop_walker.xml",
+          "gripper": HERE / "models" / "gripper.xml"}
 MODELS.update({name: entry.path for name, entry in MJCF_LIBRARY.items()})
 DEFAULT = ["slider-crank-mjcf", "double-four-bar-mjcf", "iftomm-a02-n-four-bar",
            "iftomm-a03-andrews-squeezer", "iftomm-a05-flyball-governor",
-           "loop-walker"]
+           "gripper", "loop-walker"]
 
 
 class AutodiffTerms(MuJoCoModel):
@@ -144,13 +146,16 @@ def mjx_engine(path, steps, batch, batch_steps, repeats, results):
         return
     qpos, qvel = start(m)
     d = mjx.make_data(mx).replace(qpos=jnp.asarray(qpos), qvel=jnp.asarray(qvel))
+    begin = time.perf_counter()
     step, traced, xla = compile_split(mjx.step, mx, d)
-    x = step(mx, d)
+    x = jax.block_until_ready(step(mx, d))
+    first = time.perf_counter() - begin
     begin = time.perf_counter()
     for _ in range(steps):
         x = step(mx, x)
     jax.block_until_ready(x)
-    out = {"trace": traced, "xla": xla, "steps/s": steps / (time.perf_counter() - begin),
+    out = {"trace": traced, "xla": xla, "first call": first,
+           "steps/s": steps / (time.perf_counter() - begin),
            "error": equality_error(m, np.asarray(x.qpos))}
     results.put(out)
     ds = jax.tree.map(lambda a: jnp.broadcast_to(a, (batch,) + a.shape), d)
@@ -168,18 +173,10 @@ def mjx_engine(path, steps, batch, batch_steps, repeats, results):
 
 
 def mjx_in_process(path, args):
-    """`mjx_engine` in a process of its own, stopped after `--mjx-timeout` s: MJX's
-    step deadlocked (every thread waiting, no CPU used) on the N four-bar with
-    jaxlib 0.10.2 here. Returns what it measured before that, or `None`."""
-    context = multiprocessing.get_context("spawn")
-    results = context.Queue()
-    process = context.Process(target=mjx_engine, args=(
-        path, args.steps, args.batch, args.batch_steps, args.repeats, results))
-    process.start()
-    process.join(args.mjx_timeout)
-    if process.is_alive():
-        process.kill()
-        log(f"  MJX stopped after {args.mjx_timeout} s without finishing")
+    """`mjx_engine` in this process (before cdiff's runs, so that neither compiles
+    while the other is timed). Returns what it measured."""
+    results = queue.Queue()
+    mjx_engine(path, args.steps, args.batch, args.batch_steps, args.repeats, results)
     out = None
     while not results.empty():
         out = results.get()
@@ -245,7 +242,6 @@ def main():
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--before", action="store_true",
                         help="also cdiff with the constraint terms by autodiff")
-    parser.add_argument("--mjx-timeout", type=float, default=300.0)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args()
 
@@ -269,16 +265,18 @@ def main():
         return "—" if r is None or key not in r else format(r[key], fmt)
 
     lines = [
-        "| model (nq/nv) | method | trace + lower (s) | XLA compile (s) | steps/s, one | "
+        "| model (nq/nv) | method | trace + lower (s) | XLA compile (s) | "
+        "compile + first call (s) | steps/s, one | "
         f"batch {args.batch} compile (s) | steps/s, batch {args.batch} | "
         f"grad {args.grad_steps} steps compile (s) | grad run (s) | max abs(Φ) at end |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, m, results in rows:
         for label, r in results.items():
             lines.append(
                 f"| {name} ({m.nq}/{m.nv}) | {label} | {cell(r, 'trace', '.1f')} | "
-                f"{cell(r, 'xla', '.1f')} | {cell(r, 'steps/s', ',.0f')} | "
+                f"{cell(r, 'xla', '.1f')} | {cell(r, 'first call', '.1f')} | "
+                f"{cell(r, 'steps/s', ',.0f')} | "
                 f"{cell(r, 'batch compile', '.1f')} | {cell(r, 'batch steps/s', ',.0f')} | "
                 f"{cell(r, 'grad compile', '.1f')} | {cell(r, 'grad run', '.3f')} | "
                 f"{cell(r, 'error', '.1e')} |")

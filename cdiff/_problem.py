@@ -12,7 +12,8 @@ from jaxtyping import Array, Float, PyTree
 from ._formulation.base import AbstractFormulation, Context
 from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
-from ._model import AbstractModel, has_energy
+from ._kinematics import Terms
+from ._model import has_energy
 from ._solution import Solution, Trajectory, build_solution
 from ._xla import compute_once
 from .control._state import (
@@ -86,11 +87,14 @@ class Problem(eqx.Module):
         """Whether a one-step solver takes the per-step data from the first
         stage's evaluation (`rate_and_freeze`) instead of calling `freeze`: when
         the formulation reads only the model's terms to freeze, and the model
-        computes its terms in one evaluation of its own (a loaded MuJoCo model),
-        so that the freeze's evaluation would repeat the first stage's."""
-        model_terms = type(self.context.model).terms
-        return (self.formulation.freezes_from_terms
-                and model_terms is not AbstractModel.terms)
+        computes its terms in one evaluation of its own (its `terms` returns a
+        subclass of [`cdiff.Terms`][], as a loaded MuJoCo model's does),
+        so that the freeze's evaluation would repeat the first stage's. (Terms
+        are computed when read: making them here computes nothing.)"""
+        if not self.formulation.freezes_from_terms:
+            return False
+        terms = self.context.model.terms(self.t0, self.q0, self.v0)
+        return type(terms) is not Terms
 
     def rate_and_freeze(self, t, y, frozen, dt, first) -> tuple[PyTree, PyTree]:
         """The vector field at a stage and the per-step data it used: those of a
