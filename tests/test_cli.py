@@ -800,7 +800,9 @@ def test_mjcf_models_by_name_and_by_path(monkeypatch, tmp_path):
 def test_compilation_cache_is_reused_by_a_second_process(tmp_path):
     """`cdiff run` keeps its compiled programs in `CDIFF_COMPILATION_CACHE`: the
     first process writes them, a second one with the same model and settings finds
-    every program there and writes nothing new."""
+    every program there and writes nothing new. (JAX stores no program with host
+    callbacks, and the solve has them, its run-time checks: it is compiled again
+    by the second process, see docs/cli.md.)"""
     import os
     import subprocess
     import sys
