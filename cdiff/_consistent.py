@@ -69,19 +69,7 @@ def consistent_state(
     if tol is None:
         tol = 1e-10 if q.dtype == jnp.float64 else 1e-4
     projection = NewtonProjection(iterations=1, mass_weighted=mass_weighted, rtol=rtol)
-
-    def position_error(q):
-        return jnp.max(jnp.abs(residuals(model, t, q, v)[0]), initial=0.0)
-
-    def newton(_, q):
-        step = projection.position(model, t, q)
-        return jnp.where(position_error(q) > tol, step, q)
-
-    q = jax.lax.fori_loop(0, iterations, newton, q)
-    v = projection.velocity(model, t, q, v)
-    phi_q, phi_v = residuals(model, t, q, v)
-    err_q = jnp.max(jnp.abs(phi_q), initial=0.0)
-    err_v = jnp.max(jnp.abs(phi_v), initial=0.0)
+    q, v, err_q, err_v = _project(model, t, q, v, tol, projection, iterations)
     message = (
         f"cdiff.consistent_state: {type(model).__name__}'s constraints cannot be met "
         f"from this guess to tol = {tol:g} after {iterations} Gauss-Newton steps "
@@ -100,6 +88,27 @@ def consistent_state(
         message + "(inconsistent constraints, or a guess too far from them).",
     )
     return q, v
+
+
+@eqx.filter_jit
+def _project(model, t, q, v, tol, projection, iterations):
+    """`consistent_state`'s Gauss-Newton steps and velocity projection, compiled
+    once per model structure, tolerance and settings: another guess (or other
+    parameter values) reuses the program. Returns `(q, v, max |Phi_q|, max
+    velocity residual)`."""
+
+    def position_error(q):
+        return jnp.max(jnp.abs(residuals(model, t, q, v)[0]), initial=0.0)
+
+    def newton(_, q):
+        step = projection.position(model, t, q)
+        return jnp.where(position_error(q) > tol, step, q)
+
+    q = jax.lax.fori_loop(0, iterations, newton, q)
+    v = projection.velocity(model, t, q, v)
+    phi_q, phi_v = residuals(model, t, q, v)
+    return (q, v, jnp.max(jnp.abs(phi_q), initial=0.0),
+            jnp.max(jnp.abs(phi_v), initial=0.0))
 
 
 def inconsistency(model: AbstractModel, t, q, *, iterations: int = 20, tol=None):
