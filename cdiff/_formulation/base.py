@@ -136,8 +136,7 @@ class AbstractFormulation(eqx.Module):
         `freezes_from_terms` and the model supplies its own
         [`cdiff.AbstractModel.terms`][] (one evaluation at the first stage then
         serves both). Default: both, computed on their own."""
-        own = self.freeze(t, t + dt, y, context)
-        frozen = jax.tree.map(lambda a, b: jnp.where(first, a, b), own, frozen)
+        frozen = first_stage_freeze(first, self.freeze(t, t + dt, y, context), frozen)
         return self.vector_field(t, y, context, frozen), frozen
 
     def bind(self, model: AbstractModel, t0, q0, v0) -> "AbstractFormulation":
@@ -234,6 +233,12 @@ def mass_factor(model: AbstractModel, t, q) -> MassFactor:
     """Cholesky factor of the mass matrix, with the run-time check of
     [`checked_mass`][]."""
     return checked_mass(model, t, q)[1]
+
+
+def first_stage_freeze(first, own: PyTree, frozen: PyTree) -> PyTree:
+    """The per-step data a stage uses: `own` (its state's) at the step's first
+    stage, `frozen` (the carried one) at the others."""
+    return jax.tree.map(lambda a, b: jnp.where(first, a, b), own, frozen)
 
 
 def free_motion(context: Context, t, q, v, terms: Terms | None = None):

@@ -15,6 +15,7 @@ from .base import (
     Dynamics,
     check_gains,
     constrained_acceleration,
+    first_stage_freeze,
     free_motion,
 )
 
@@ -134,8 +135,7 @@ class UdwadiaKalaba(AbstractFormulation):
                                 first):
         q, v = y
         terms = context.model.terms(t, q, v)
-        own = self._deltas(dt, context, terms)
-        frozen = jax.tree.map(lambda a, b: jnp.where(first, a, b), own, frozen)
+        frozen = first_stage_freeze(first, self._deltas(dt, context, terms), frozen)
         return self.dynamics(t, y, context, frozen, terms).rate, frozen
 
     def dynamics(self, t, y, context: Context, frozen: _Deltas,
