@@ -14,6 +14,7 @@ from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._kinematics import Terms
 from ._model import has_energy
+from ._results import error_if
 from ._solution import Solution, Trajectory, build_solution
 from ._xla import compute_once
 from .control._state import (
@@ -50,20 +51,22 @@ class Problem(eqx.Module):
 
     @classmethod
     def build(cls, model, formulation: AbstractFormulation, control, q0, v0, t0, t1,
-              dt) -> Problem:
+              dt, *, checked: bool = False) -> Problem:
         """Check the times and the initial state at run time (`eqx.error_if`: the
-        values may be traced) and set the solve up: the initial energy, the
-        formulation's `prepare` and `init_state` (of the formulation wrapped in
+        values may be traced; a result code under `solver_errors(throw=False)`;
+        not at all when `checked`, their values checked before tracing) and set
+        the solve up: the initial energy, the formulation's
+        `prepare` and `init_state` (of the formulation wrapped in
         `ControllerState` for a stateful controller)."""
-        dt = eqx.error_if(dt, ~((dt > 0) & jnp.isfinite(dt)),
+        if not checked:
+            dt = error_if(dt, ~((dt > 0) & jnp.isfinite(dt)),
                           "cdiff.simulate: dt must be positive and finite")
-        t1 = eqx.error_if(t1, ~(t1 > t0),
-                          "cdiff.simulate: t1 must be greater than t0")
-        q0 = eqx.error_if(
-            q0,
-            ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
-            "cdiff.simulate: the initial state (q0, v0) is not finite",
-        )
+            t1 = error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+            q0 = error_if(
+                q0,
+                ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
+                "cdiff.simulate: the initial state (q0, v0) is not finite",
+            )
         e0 = model.energy(t0, q0, v0)
         e0 = jnp.asarray(jnp.nan if e0 is None else e0, q0.dtype)
         controlled = isinstance(control, AbstractStatefulController)

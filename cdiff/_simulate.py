@@ -183,22 +183,29 @@ def simulate(
     times = tuple(jnp.asarray(x, dtype) for x in (t0, t1, dt))
     if bdf:
         solver = _floats_to_arrays(solver)
-        # Concrete inputs: a failure is raised here, with the message naming where
-        # the solve stopped (its stats), not from inside the compiled solve.
-        concrete = is_concrete(model, formulation, control, q0, v0, times, solver)
-        route = _bdf_route(solver, saveat, adjoint, progress, max_steps,
-                           throw=throw and not concrete)
-        sol = _solve(route, model, formulation, control, q0, v0, *times,
-                     throw=throw and not concrete, checks=throw, divergence=divergence)
-        if throw and concrete and int(sol.result._value) != 0:
-            raise RuntimeError(sol.message)
-        return _name_inconsistency(model, sol, throw=throw)
-    _check_save_times(saveat, t0, t1)
-    route = _ode_route(solver, stepsize_controller, saveat, adjoint, progress,
-                       max_steps, throw, (t0, t1, dt))
+    else:
+        _check_save_times(saveat, t0, t1)
+    # Concrete inputs (no jit, vmap or grad around this call): the solve is compiled
+    # without host callbacks, its failures returned as result codes and raised here
+    # with the message naming where it stopped. JAX's persistent compilation cache
+    # keeps no program with host callbacks (`cdiff.use_compilation_cache`).
+    concrete = is_concrete(model, formulation, control, q0, v0, times, solver)
+    if concrete:
+        _check_initial_state(q0, v0)
+
+    def solve(inner_throw: bool) -> Solution:
+        if bdf:
+            route = _bdf_route(solver, saveat, adjoint, progress, max_steps,
+                               throw=inner_throw)
+        else:
+            route = _ode_route(solver, stepsize_controller, saveat, adjoint, progress,
+                               max_steps, inner_throw, (t0, t1, dt))
+        return _solve(route, model, formulation, control, q0, v0, *times,
+                      throw=inner_throw, checks=inner_throw, checked=concrete,
+                      divergence=divergence)
+
     try:
-        sol = _solve(route, model, formulation, control, q0, v0, *times,
-                     throw=throw, checks=throw, divergence=divergence)
+        sol = solve(throw and not concrete)
     except TypeError as e:
         if "forward-mode autodiff" not in str(e):
             raise
@@ -208,16 +215,33 @@ def simulate(
             "adjoint=diffrax.ForwardMode()); the default adjoint is reverse mode "
             f"only. ({e})"
         ) from e
+    if throw and concrete and not bool(sol.succeeded):
+        if sol.result == RESULTS.nonfinite:
+            # Where a run-time check of the model (a mass matrix no longer positive
+            # definite, ...) ended the solve, only the program with its checks
+            # raising names it: compiled for failed solves alone.
+            solve(True)
+        raise RuntimeError(sol.message)
     return _name_inconsistency(model, sol, throw=throw)
+
+
+def _check_initial_state(q0, v0) -> None:
+    if not (np.all(np.isfinite(np.asarray(q0))) and np.all(np.isfinite(np.asarray(v0)))):
+        raise ValueError(
+            f"cdiff.simulate: the initial state (q0, v0) is not finite: q0 = {q0}, "
+            f"v0 = {v0}"
+        )
 
 
 @eqx.filter_jit
 def _solve(route, model, formulation, control, q0, v0, t0, t1, dt, *, throw, checks,
-           divergence):
-    # `checks`: whether the model checks at reached states raise (simulate's
-    # throw); `throw` also raises the solver's failures inside the program.
+           checked, divergence):
+    # `checks`: whether the model checks at reached states raise; `throw` also
+    # raises the solver's failures inside the program; `checked`: the times and
+    # initial state were checked before tracing.
     with solver_errors(checks):
-        problem = Problem.build(model, formulation, control, q0, v0, t0, t1, dt)
+        problem = Problem.build(model, formulation, control, q0, v0, t0, t1, dt,
+                                checked=checked)
         trajectory, dt_frozen, dt_taken = route(problem)
         return problem.solution(trajectory, dt=dt_frozen, dt_taken=dt_taken,
                                 throw=throw, divergence=divergence)

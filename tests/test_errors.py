@@ -277,6 +277,19 @@ def test_mass_matrix_loses_definiteness_inside_jit():
     assert "positive definite" in msg and "Shrinking.mass_matrix" in msg
 
 
+def test_mass_matrix_loses_definiteness_eagerly():
+    """An eager solve is compiled with its model checks returning a result code (no
+    host callback, so that JAX's persistent cache keeps it); a solve ended by one
+    is run again with the checks raising, which names the cause."""
+    with pytest.raises(RuntimeError, match="positive definite") as info:
+        cdiff.simulate(Shrinking(rate=1.0), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+                       t1=2.0, dt=0.1)
+    assert "Shrinking.mass_matrix" in str(info.value)
+    sol = cdiff.simulate(Shrinking(rate=1.0), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+                         t1=2.0, dt=0.1, throw=False)
+    assert sol.result == cdiff.RESULTS.nonfinite
+
+
 class Skewed(cdiff.AbstractModel):
     """M = [[2, skew], [0, 2]]: symmetric only for skew = 0."""
 
