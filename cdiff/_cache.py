@@ -26,7 +26,10 @@ def use_compilation_cache(directory: str | os.PathLike | None = None) -> Path:
     `cdiff study` do so themselves.
 
     Only XLA's compilation is cached: the later process still traces and lowers
-    its program (seconds for a loaded MuJoCo model, see the MuJoCo guide). A
+    its program (seconds for a loaded MuJoCo model, see the MuJoCo guide). JAX
+    stores no program with host callbacks: an eager `cdiff.simulate` call has none,
+    nor does a `jax.jit` of a function calling `simulate(..., throw=False)`;
+    `throw=True` inside your own `jit` and progress bars do. A
     program is looked up by a hash of its lowered form, the compiler options, the
     jaxlib version and the device, so a changed model parameter *value* hits the
     cache (values are inputs, not constants) while a changed structure does not.

@@ -128,7 +128,12 @@ def simulate(
       that ends more than $10^{-6}\max(1, \|q\|_\infty)$ off its holonomic
       constraints is tested for an inconsistent constraint set
       ([`cdiff.analysis.inconsistency`][]), reported as
-      `RESULTS.inconsistent_constraints`.
+      `RESULTS.inconsistent_constraints`. Called eagerly (no `jit`, `vmap` or
+      `grad` around it), the solve is compiled with result codes alone and a
+      failure is raised from its code after it (a model check's failure by
+      running it once more with the check raising), so that the compiled program
+      has no host callback and `cdiff.use_compilation_cache` can keep it; inside
+      your own `jit`, `throw=False` does the same.
     - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`; cdiff's own
       RK4 loop updates it about 20 times, between blocks of steps, for a whole
       `vmap`ped batch).

@@ -14,7 +14,6 @@ from jaxtyping import Array, Bool, Float
 
 from ._formulation.base import (AbstractFormulation, Context, applied_forces,
                                 mass_factor)
-from ._kinematics import residuals
 from ._model import AbstractModel
 from ._results import RESULTS, solver_errors
 
@@ -359,9 +358,11 @@ def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys):
     model = context.model
 
     def one(t, y):
+        # From one `terms`: a loaded model evaluates MJX once for all three.
         q, v = formulation.coordinates(t, y, context)
-        hol, vel = residuals(model, t, q, v)
-        return hol, vel, model.energy(t, q, v), q, v
+        terms = model.terms(t, q, v)
+        hol, vel = terms.residuals
+        return hol, vel, terms.energy, q, v
 
     return _along(one, ts, ys)
 

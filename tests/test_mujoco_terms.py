@@ -15,7 +15,7 @@ import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import EPS, mjx_jit
+from helpers import mjx_jit
 
 mujoco = pytest.importorskip("mujoco")
 with contextlib.redirect_stdout(io.StringIO()):  # MJX's notice about Warp
