@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 import diffrax
@@ -161,6 +162,7 @@ def simulate(
     if not jnp.issubdtype(q0.dtype, jnp.floating):
         q0 = q0.astype(jnp.result_type(float))
     v0 = jnp.asarray(v0, dtype=q0.dtype)
+    _note_float32(q0.dtype)
     nq, m, p = check_model(model, t0, q0, v0)
     dtype = q0.dtype
     solver = RK4() if solver is None else solver
@@ -220,6 +222,9 @@ def simulate(
             "adjoint=diffrax.ForwardMode()); the default adjoint is reverse mode "
             f"only. ({e})"
         ) from e
+    if concrete and sol.result in (RESULTS.nonfinite, RESULTS.diverged):
+        # A blow-up is often the symptom of constraints that no configuration meets.
+        sol = _name_inconsistency(model, sol, throw=throw, start=(times[0], q0))
     if throw and concrete and not bool(sol.succeeded):
         if sol.result == RESULTS.nonfinite:
             # Where a run-time check of the model (a mass matrix no longer positive
@@ -228,6 +233,41 @@ def simulate(
             solve(True)
         raise RuntimeError(sol.message)
     return _name_inconsistency(model, sol, throw=throw)
+
+
+_FLOAT32_NOTED = False
+
+
+def _note_float32(dtype) -> None:
+    """Say once per process that a solve runs in float32 because JAX's 64-bit mode
+    is off (JAX's default): its constraint errors near 1e-7 are round-off, not a
+    fault of the model or the method."""
+    global _FLOAT32_NOTED
+    if _FLOAT32_NOTED or dtype != jnp.float32 or jax.config.jax_enable_x64:
+        return
+    _FLOAT32_NOTED = True
+    warnings.warn(
+        "cdiff.simulate: simulating in float32, JAX's default: constraint and "
+        "energy errors of about 1e-7 relative are float32's round-off. For float64 "
+        "call jax.config.update('jax_enable_x64', True) before any JAX computation "
+        "(to keep float32 and silence this: warnings.filterwarnings('ignore', "
+        "'cdiff.simulate: simulating in float32')).", stacklevel=3)
+
+
+def _check_time_resolution(t0, t1, dt, dtype) -> None:
+    """A step `dt` that the times between `t0` and `t1` cannot resolve in `dtype`
+    (representable times there at least `dt / 2` apart: a step's end rounds onto
+    its start, or a step doubles) is refused, naming the resolution."""
+    for t in (t0, t1):
+        spacing = float(np.spacing(np.abs(np.asarray(t, dtype))))
+        if spacing >= float(dt) / 2:
+            raise ValueError(
+                f"cdiff.simulate: dt = {float(dt):g} is below the time resolution of "
+                f"{np.dtype(dtype).name} at t = {float(t):g}, where representable "
+                f"times are {spacing:g} apart, so steps of dt cannot be represented "
+                "(some would vanish). Measure time from a nearer origin (t0 = 0), "
+                "take a larger dt, or simulate in float64 (jax_enable_x64)."
+            )
 
 
 def _check_initial_state(q0, v0) -> None:
@@ -258,26 +298,32 @@ _INCONSISTENCY_TEST = 1e-6
 _inconsistency = eqx.filter_jit(inconsistency)
 
 
-def _name_inconsistency(model, sol: Solution, *, throw: bool) -> Solution:
+def _name_inconsistency(model, sol: Solution, *, throw: bool,
+                        start=None) -> Solution:
     """A successful solve (outside `jit`, one trajectory) that ends far from its
     holonomic constraints is tested for an inconsistent constraint set
-    ([`cdiff.analysis.inconsistency`][] from the last saved configuration); when
-    the test says so, the result becomes `RESULTS.inconsistent_constraints`
+    ([`cdiff.analysis.inconsistency`][] from the last saved configuration); with
+    `start = (t0, q0)`, a failed solve is tested from its initial configuration.
+    When the test says so, the result becomes `RESULTS.inconsistent_constraints`
     (raised with `throw`). The test compiles only for such solves."""
     hol = sol.holonomic_residual
-    if (not is_concrete(sol) or hol.shape[-1] == 0 or np.ndim(sol.result._value)
-            or not bool(sol.succeeded)):
+    if not is_concrete(sol) or hol.shape[-1] == 0 or np.ndim(sol.result._value):
         return sol
-    ts = np.asarray(sol.ts)
-    rows = np.flatnonzero(np.isfinite(ts))
-    if rows.size == 0:
-        return sol
-    last = rows[-1]
-    q = sol.q[last]
-    scale = max(1.0, float(jnp.abs(q).max()))
-    if not float(jnp.abs(hol[last]).max()) > _INCONSISTENCY_TEST * scale:
-        return sol
-    if not bool(_inconsistency(model, sol.ts[last], q)[0]):
+    if start is not None:
+        t, q = start
+    else:
+        if not bool(sol.succeeded):
+            return sol
+        ts = np.asarray(sol.ts)
+        rows = np.flatnonzero(np.isfinite(ts))
+        if rows.size == 0:
+            return sol
+        last = rows[-1]
+        t, q = sol.ts[last], sol.q[last]
+        scale = max(1.0, float(jnp.abs(q).max()))
+        if not float(jnp.abs(hol[last]).max()) > _INCONSISTENCY_TEST * scale:
+            return sol
+    if not bool(_inconsistency(model, t, q)[0]):
         return sol
     sol = eqx.tree_at(lambda s: s.result, sol, RESULTS.inconsistent_constraints)
     if throw:
@@ -322,6 +368,7 @@ def _max_steps(max_steps, t0, t1, dt, *, saveat, bdf: bool, constant: bool, size
         raise ValueError(f"t0 and t1 must be finite, got t0={t0}, t1={t1}")
     if not float(t1) > float(t0):
         raise ValueError(f"t1 must be greater than t0, got t0={t0}, t1={t1}")
+    _check_time_resolution(t0, t1, dt, dtype)
     if bdf:  # dt is the first step; its steps do not follow it
         return _BDF_MAX_STEPS if max_steps is None else max_steps
     n = constant_steps(t0, t1, dt)

@@ -100,6 +100,31 @@ class Solution(eqx.Module):
     _context_static: _Static | None = eqx.field(static=True, default=None)
     _dt_frozen: Any = None
 
+    def __repr__(self) -> str:
+        """A summary, not the fields: the model inside a solution (a loaded MuJoCo
+        model holds hundreds of arrays) would fill a screen."""
+        shape = lambda x: "x".join(map(str, jnp.shape(x)))  # noqa: E731
+        fields = [f"ts {shape(self.ts)}", f"q {shape(self.q)}", f"v {shape(self.v)}"]
+        concrete = not any(isinstance(x, jax.core.Tracer)
+                           for x in jax.tree.leaves((self.ts, self.result, self.q)))
+        if concrete and np.ndim(self.result._value) == 0:
+            fields.insert(0, _result_name(self.result))
+            ts = np.asarray(self.ts)
+            finite = ts[np.isfinite(ts)]
+            if finite.size:
+                fields.insert(1, f"t {finite[0]:.6g} to {finite[-1]:.6g}")
+            if self.holonomic_residual.shape[-1]:
+                fields.append(f"max |Phi_q| {float(self.max_constraint_error):.2g}")
+            if self.velocity_residual.shape[-1]:
+                fields.append(f"max velocity residual "
+                              f"{float(self.max_velocity_error):.2g}")
+            if self.energy is not None:
+                fields.append(f"max energy error {float(self.max_energy_error):.2g}")
+        elif concrete:
+            ok = int(np.sum(np.asarray(self.result._value) == 0))
+            fields.insert(0, f"{ok} of {np.size(self.result._value)} successful")
+        return f"Solution({', '.join(fields)})"
+
     @property
     def qdot(self) -> Float[Array, "*batch T nq"]:
         """The coordinate rate at the saved states (see the attributes)."""
@@ -351,6 +376,14 @@ def _along(one, ts, ys, empty=None):
         return jnp.where(valid.reshape(valid.shape + (1,) * (x.ndim - 1)), x, inf)
 
     return tuple(mask(x) for x in out)
+
+
+def _result_name(result) -> str:
+    """The name of a (concrete, scalar) result code: `successful`, `diverged`, ..."""
+    for name in RESULTS._name_to_item:
+        if bool(result == getattr(RESULTS, name)):
+            return name
+    return str(result)
 
 
 def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys):

@@ -180,6 +180,19 @@ def test_nonpositive_dt(dt):
                                                jnp.zeros(2), dt=dt))
 
 
+@pytest.mark.parametrize("dtype, t0", [(jnp.float32, 1e5), (jnp.float64, 1e13)])
+def test_dt_below_the_time_resolution_at_t0(dtype, t0):
+    """float32 times near 1e5 are 0.0078 apart, float64 ones near 1e13 0.002: steps
+    of 1e-3 cannot be represented there, some round to zero length (the solve ended
+    as "non-finite values" with ts = [t0, t0])."""
+    q0 = jnp.zeros(2, dtype)
+    with pytest.raises(ValueError, match="below the time resolution") as info:
+        _simulate(Particle(), q0, q0, t0=t0, t1=t0 + 1.0, dt=1e-3)
+    assert "t0 = 0" in str(info.value) and f"{np.dtype(dtype).name}" in str(info.value)
+    # Control: the same step from t0 = 0 runs.
+    assert _simulate(Particle(), q0, q0, t1=0.01, dt=1e-3).succeeded
+
+
 @pytest.mark.parametrize("t1", [0.0, -1.0])
 def test_t1_not_after_t0(t1):
     _raises_value_error("t1", "t0",
@@ -595,3 +608,27 @@ def test_study_rows_of_a_finite_blow_up_are_failures():
         time_each=False, progress=False)
     errors = np.asarray(study["max_constraint_error"])
     assert np.isinf(errors[0]) and np.isfinite(errors[1]) and errors[1] < 1e-2
+
+
+def test_float32_by_default_is_said_once():
+    """Without jax_enable_x64 (JAX's default, which the tests turn on) a solve runs
+    in float32: the first one says so, once per process."""
+    import subprocess
+    import sys
+
+    script = (
+        "import warnings, jax.numpy as jnp, cdiff\n"
+        "model = cdiff.models.ParticleOnCircle()\n"
+        "q0, v0 = model.initial_state()\n"
+        "with warnings.catch_warnings(record=True) as caught:\n"
+        "    warnings.simplefilter('always')\n"
+        "    for _ in range(2):\n"
+        "        sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, v0, t1=0.02,"
+        " dt=1e-2)\n"
+        "notes = [str(w.message) for w in caught if 'float32' in str(w.message)]\n"
+        "print(sol.q.dtype, len(notes), notes[0][:40])\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True,
+                         text=True, check=True).stdout
+    assert out.split()[:2] == ["float32", "1"], out
+    assert "cdiff.simulate: simulating in float32" in out

@@ -238,3 +238,27 @@ def test_simulate_names_the_inconsistency(formulation):
     start = jnp.array([0.5, np.sqrt(3) / 2])
     ok = cdiff.simulate(Circles(c=1.0), formulation, start, v0, t1=0.1, dt=1e-2)
     assert ok.succeeded and float(ok.max_constraint_error) < 1e-12
+
+
+@pytest.mark.parametrize("formulation, t1, dt, symptom", [
+    (cdiff.UdwadiaKalaba(), 10.0, 1e-2, cdiff.RESULTS.nonfinite),
+    (cdiff.Lagrange(10.0, 10.0), 1.0, 0.1, cdiff.RESULTS.diverged),
+], ids=["udwadia-kalaba-nonfinite", "lagrange-diverged"])
+def test_a_blow_up_on_inconsistent_constraints_names_the_cause(formulation, t1, dt,
+                                                               symptom, monkeypatch):
+    """Moving along the disjoint circles, these solves blow up (to 1e260 and
+    beyond) and used to fail with their symptom, "non-finite values" or
+    "diverged"; the starting configuration is now tested as a successful solve's
+    last one is, and the inconsistency named."""
+    q0, v0 = jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0])
+    sol = cdiff.simulate(Circles(), formulation, q0, v0, t1=t1, dt=dt, throw=False)
+    assert sol.result == cdiff.RESULTS.inconsistent_constraints
+    with pytest.raises(RuntimeError, match="constraints are inconsistent"):
+        cdiff.simulate(Circles(), formulation, q0, v0, t1=t1, dt=dt)
+    # Control: without the test, the same solve reports its symptom.
+    import cdiff._simulate as simulate_module
+
+    monkeypatch.setattr(simulate_module, "_inconsistency",
+                        lambda *args: (jnp.asarray(False), None))
+    sol = cdiff.simulate(Circles(), formulation, q0, v0, t1=t1, dt=dt, throw=False)
+    assert sol.result == symptom

@@ -212,6 +212,34 @@ def test_sink_structure():
     assert model.mjx_model.body_mass.dtype == jnp.float64
 
 
+def test_state_of_the_wrong_size_names_nq_and_nv():
+    """A q0 or v0 of the wrong length is named with the model's nq and nv before
+    MJX sees it (MJX's own text names its internal arguments)."""
+    with pytest.warns(UserWarning):
+        model = cdiff.models.from_mujoco(SINK)
+    q, v = jnp.zeros(model.nq), jnp.zeros(model.nv)
+    with pytest.raises(ValueError, match=r"q has shape \(15,\).*nq = 16"):
+        cdiff.simulate(model, cdiff.UdwadiaKalaba(), q[:-1], v, t1=0.01, dt=1e-3)
+    with pytest.raises(ValueError, match=r"v has shape \(16,\).*nv = 14"):
+        model.forces(0.0, q, jnp.zeros(16))
+    with pytest.raises(ValueError, match="nq = 16"):
+        cdiff.consistent_state(model, 0.0, q[:-2])
+
+
+def test_short_reprs():
+    """`print(model)` and `print(sol)` summarise (they printed about 400 lines of
+    MJX's model)."""
+    model = cdiff.models.from_mujoco(FOUR_BAR)
+    text = repr(model)
+    assert text.startswith("MuJoCoModel(") and "nq=" in text and len(text) < 300
+    q0, v0 = jnp.zeros(model.nq), jnp.zeros(model.nv)
+    q0, v0 = cdiff.consistent_state(model, q0, v0)
+    sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, v0, t1=0.02, dt=1e-2)
+    text = repr(sol)
+    assert text.startswith("Solution(successful, t 0 to 0.02, ts 3,"), text
+    assert "max |Phi_q|" in text and text.count("\n") == 0 and len(text) < 300
+
+
 def test_mass_matrix(sink):
     m, d, out, _ = sink
     M = np.zeros((m.nv, m.nv))

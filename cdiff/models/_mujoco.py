@@ -223,6 +223,13 @@ class MuJoCoModel(AbstractModel):
     _gravcomp: bool = eqx.field(static=True)
     _passive: bool = eqx.field(static=True)
 
+    def __repr__(self) -> str:
+        """A summary: the fields (MJX's model, hundreds of arrays) would fill a
+        screen; `mjx_model` shows them."""
+        rows = [e.label for e in self.equalities]
+        return (f"{type(self).__name__}({self.name!r}, nq={self.nq}, nv={self.nv}, "
+                f"nu={self.nu}, equalities={rows}, ignored={len(self.ignored)})")
+
     # -- MJX stages -----------------------------------------------------------------
 
     def mjx_data(self, q, v=None):
@@ -241,6 +248,16 @@ class MuJoCoModel(AbstractModel):
         return self._data(q, v)
 
     def _data(self, q, v=None):
+        # Shapes named here, before MJX's own text about its arguments.
+        if jnp.shape(q) != (self.nq,):
+            raise ValueError(
+                f"MuJoCoModel: q has shape {jnp.shape(q)}, but this model's qpos has "
+                f"nq = {self.nq} entries (and qvel nv = {self.nv}); a ball joint "
+                "takes 4 (a quaternion), a free joint 7.")
+        if v is not None and jnp.shape(v) != (self.nv,):
+            raise ValueError(
+                f"MuJoCoModel: v has shape {jnp.shape(v)}, but this model's qvel has "
+                f"nv = {self.nv} entries (qpos: nq = {self.nq}).")
         return _mjx_stages(self.mjx_model, q, jnp.zeros(self.nv, q.dtype) if v is None
                            else v)
 
@@ -362,9 +379,12 @@ class MuJoCoModel(AbstractModel):
         return (x1 - poly)[None]
 
     def energy(self, t, q, v):
-        """Kinetic plus potential energy: $\\tfrac12 v^TMv$, gravity (less its
-        compensation), joint and tendon springs, as MuJoCo's `mj_energyPos` and
-        `mj_energyVel`."""
+        """Kinetic plus potential energy: $\\tfrac12 v^TMv$, gravity, joint and
+        tendon springs, as MuJoCo's `mj_energyPos` and `mj_energyVel`, except
+        that a body's gravity compensation (`gravcomp`) lowers its weight here:
+        MuJoCo's `mj_energyPos` counts the full weight, which the compensating
+        force then does work against, so its energy is not conserved on such a
+        model while this one is."""
         d = self._data(q)
         return self._energy(d, v, self._full_m(d))
 
