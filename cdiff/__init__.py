@@ -1,6 +1,6 @@
 """cdiff: differentiable, batched simulation of constrained mechanical systems."""
 
-import importlib.metadata
+import importlib.metadata as _metadata
 
 # First, before anything can start JAX's backend: XLA reads XLA_FLAGS once.
 from ._xla import configure_xla_flags as _configure_xla_flags
@@ -55,6 +55,17 @@ DAEResults = RESULTS
 own)."""
 
 try:
-    __version__ = importlib.metadata.version("cdiff")
-except importlib.metadata.PackageNotFoundError:  # pragma: no cover
+    __version__ = _metadata.version("cdiff")
+except _metadata.PackageNotFoundError:  # pragma: no cover
     __version__ = "0.0.0"
+
+__all__ = [
+    "AbstractDAEFormulation", "AbstractFormulation", "AbstractModel",
+    "AbstractProjection", "AbstractStateFeedback", "BDF", "Context", "ControlAffine",
+    "DAEResults", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "IndexOne",
+    "Kinematics", "Lagrange", "NewtonProjection", "NullSpace", "Projected",
+    "Projection", "RESULTS", "RK4", "Regularized", "SaveAt", "Sketch", "Solution",
+    "Terms", "UdwadiaKalaba", "analysis", "animate", "compiler_options",
+    "consistent_state", "control", "kinematics", "models", "simulate", "studies",
+    "use_compilation_cache",
+]

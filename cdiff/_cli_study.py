@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from pathlib import Path
 
 import numpy as np
@@ -10,6 +11,7 @@ import numpy as np
 import cdiff
 from cdiff._model import has_energy
 from cdiff.models import MODELS
+from cdiff.studies._table import with_extension
 
 #: Default step sizes: eight from 1e-3 to 1e-1, all dividing 0.1 s, so that the
 #: errors measured every 0.1 s fall on the step grid of every one of them.
@@ -69,6 +71,11 @@ def add_parser(sub, number) -> None:
                        help="Baumgarte beta values (default: the alphas)")
 
 
+# The most saved rows a study takes (each study holds the reference and every
+# solve's states at them: 10**6 rows of the slider-crank are tens of MB).
+_MAX_ROWS = 10**6
+
+
 def _n_save(args) -> int:
     if args.n_save is not None:
         if args.n_save < 1:
@@ -90,7 +97,7 @@ def _sweep(model, args, formulation=None, alphas=None, betas=None):
 
 def _write(table, stem: Path) -> None:
     csv, npz = table.save(stem)
-    png = stem.with_suffix(".png")
+    png = with_extension(stem, ".png")
     table.plot(png)
     print(f"wrote {csv}, {npz}, {png}")
 
@@ -146,6 +153,15 @@ def check(args, parser: argparse.ArgumentParser) -> None:
         parser.error("--dts values must be distinct")
     if args.n_save is not None and args.n_save < 1:
         parser.error("--n-save must be a positive integer")
+    steps = math.ceil(args.t1 / min(args.dts) - 1e-9)
+    if steps >= 2**31:
+        parser.error(f"--t1 {args.t1:g} takes {steps:.3g} steps of the smallest --dts "
+                     f"({min(args.dts):g}), more than a solve can take (2**31)")
+    rows = args.n_save if args.n_save is not None else max(1, round(args.t1 / 0.1))
+    if rows > _MAX_ROWS:
+        parser.error(f"--t1 {args.t1:g} saves {rows:.3g} rows per solve (one every "
+                     f"0.1 s unless --n-save says otherwise), more than {_MAX_ROWS:,}: "
+                     "pass a smaller --n-save")
     if (args.study == "gains" and args.formulation == "null-space"
             and args.betas is not None):
         parser.error("--betas apply to --formulation lagrange only")

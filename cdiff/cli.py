@@ -396,13 +396,19 @@ _JOINT_UNITS = {0: ("m",) * 3 + ("-",) * 4, 1: ("-",) * 4, 2: ("m",), 3: ("rad",
 
 
 def _qpos_names(model, nq: int) -> tuple[str, ...]:
-    """`qpos[i] [unit]` for each coordinate of a MuJoCo model, the unit from its
-    joint's type (no unit where it is not known)."""
+    """`name [unit]` for each coordinate of a MuJoCo model: its joint's name (with
+    `[k]` for a ball or free joint's k-th entry; `qpos[i]` for an unnamed joint),
+    the unit from the joint's type (no unit where it is not known)."""
+    labels = {i: f"qpos[{i}]" for i in range(nq)}
     units: dict[int, str] = {}
-    for joint in getattr(model, "joints", ()):
+    names = getattr(model, "joint_names", ())
+    for j, joint in enumerate(getattr(model, "joints", ())):
+        size = len(_JOINT_UNITS.get(int(joint.type), ()))
         for k, unit in enumerate(_JOINT_UNITS.get(int(joint.type), ())):
             units[joint.qposadr + k] = unit
-    return tuple(f"qpos[{i}]" + (f" [{units[i]}]" if i in units else "")
+            if j < len(names) and names[j]:
+                labels[joint.qposadr + k] = names[j] + (f"[{k}]" if size > 1 else "")
+    return tuple(labels[i] + (f" [{units[i]}]" if i in units else "")
                  for i in range(nq))
 
 

@@ -145,6 +145,15 @@ def test_another_sweeps_checkpoint_is_refused(tmp_path):
         cdiff.studies.map_batches(lambda item: final_state(item)["q"], INPUTS,
                                   chunk_size=CHUNK, checkpoint=tmp_path,
                                   key="pendulums", progress=False)
+    # The same leaves under other names, or as a tuple: the structure is named
+    # (it was not compared, and the error blamed a copied chunk file).
+    for renamed in (lambda item: {"theta": final_state(item)["angle"],
+                                  "q": final_state(item)["q"]},
+                    lambda item: (final_state(item)["angle"], final_state(item)["q"])):
+        with pytest.raises(ValueError, match="output structure"):
+            cdiff.studies.map_batches(renamed, INPUTS, chunk_size=CHUNK,
+                                      checkpoint=tmp_path, key="pendulums",
+                                      progress=False)
     # Chunk files without a manifest are not adopted.
     (tmp_path / "manifest.json").unlink()
     with pytest.raises(ValueError, match="no manifest.json"):

@@ -758,6 +758,11 @@ def test_study_gains_formulation(monkeypatch, tmp_path):
      ["--inertia", "invalid choice: 'M'", "'Mc_gamma'"]),
     (["run", "planar-arm-on-curve", "--curve", "ellipse"],
      ["--curve", "invalid choice: 'ellipse'", "'line_x1'"]),
+    # A study too long to hold is refused before its reference fills the memory.
+    (["study", "step-size", "slider-crank", "--t1", "1e12"],
+     ["--t1 1e+12 takes", "more than a solve can take (2**31)"]),
+    (["study", "step-size", "slider-crank", "--t1", "1e6", "--dts", "0.1"],
+     ["--t1 1e+06 saves 1e+07 rows per solve", "pass a smaller --n-save"]),
     (["run", "no-such-file.xml"], ["no such file: no-such-file.xml"]),
     (["study", "gains", "slider-crank", "--formulation", "null-space", "--betas",
       "1"], ["--betas apply to --formulation lagrange only"]),
@@ -823,3 +828,19 @@ def test_compilation_cache_is_reused_by_a_second_process(tmp_path):
     second = subprocess.run(command, env=env, capture_output=True, text=True)
     assert second.returncode == 0, second.stderr
     assert entries() == written
+
+
+def test_loaded_models_label_coordinates_by_joint_name():
+    """`cdiff run model.xml` labels a coordinate by its joint's name (`[k]` for a
+    free or ball joint's entries), `qpos[i]` only for an unnamed joint."""
+    xml = """<mujoco><worldbody>
+      <body><freejoint name="base"/><geom size="0.1"/>
+        <body pos="0 0 -1"><joint name="knee" type="hinge"/><geom size="0.1"/>
+          <body pos="0 0 -1"><joint type="slide"/><geom size="0.1"/></body>
+        </body>
+      </body></worldbody></mujoco>"""
+    model = cdiff.models.from_mujoco(xml)
+    names = cli._qpos_names(model, model.nq)
+    assert names == ("base[0] [m]", "base[1] [m]", "base[2] [m]", "base[3] [-]",
+                     "base[4] [-]", "base[5] [-]", "base[6] [-]", "knee [rad]",
+                     "qpos[8] [m]")

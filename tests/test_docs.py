@@ -46,9 +46,26 @@ def _public_names(module: types.ModuleType) -> set[str]:
     underscore that is not a module (the re-exports of its `__init__.py`)."""
     names = getattr(module, "__all__", None)
     if names is None:
-        names = [n for n, value in vars(module).items()
-                 if not n.startswith("_") and not isinstance(value, types.ModuleType)]
-    return {f"{module.__name__}.{n}" for n in names}
+        names = [n for n in vars(module) if not n.startswith("_")]
+    return {f"{module.__name__}.{n}" for n in names
+            if not isinstance(getattr(module, n), types.ModuleType)}
+
+
+def test_the_package_lists_its_public_names():
+    """`cdiff.__all__` is what `from cdiff import *` and the API pages take: every
+    name in it exists, and every public attribute is in it (the standard library
+    `importlib` once showed up as `cdiff.importlib`)."""
+    import cdiff
+
+    assert all(hasattr(cdiff, name) for name in cdiff.__all__)
+    assert "importlib" not in vars(cdiff)
+    # (Submodules such as `cdiff.cli` become attributes once imported.)
+    public = {n for n, value in vars(cdiff).items()
+              if not n.startswith("_") and not isinstance(value, types.ModuleType)}
+    listed = {n for n in cdiff.__all__
+              if not isinstance(getattr(cdiff, n), types.ModuleType)}
+    assert public == listed, public ^ listed
+    assert {"analysis", "control", "models", "studies"} <= set(cdiff.__all__)
 
 
 def _api_entries() -> dict[str, str]:

@@ -86,3 +86,20 @@ def test_bad_arguments():
         cdiff.studies.tune(lambda p: p**2, jnp.asarray(1.0), steps=0)
     with pytest.raises(ValueError, match="no trainable"):
         cdiff.studies.tune(lambda p: 0.0, {"a": 1}, steps=1)
+
+
+def test_table_save_keeps_every_dot_of_the_stem(tmp_path):
+    """Two studies saved as `study_dt0.01` and `study_dt0.02` write four files
+    (`Path.with_suffix` made both `study_dt0.csv`, the second overwriting the
+    first); a stem given with its extension does not get a second one."""
+    first = cdiff.studies.Table({"dt": np.array([0.01]), "err": np.array([1.0])})
+    second = cdiff.studies.Table({"dt": np.array([0.02]), "err": np.array([2.0])})
+    paths = first.save(tmp_path / "study_dt0.01") + second.save(tmp_path / "study_dt0.02")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "study_dt0.01.csv", "study_dt0.01.npz", "study_dt0.02.csv", "study_dt0.02.npz"]
+    assert [p.name for p in paths] == ["study_dt0.01.csv", "study_dt0.01.npz",
+                                       "study_dt0.02.csv", "study_dt0.02.npz"]
+    assert np.load(tmp_path / "study_dt0.01.npz")["err"][0] == 1.0
+    assert np.load(tmp_path / "study_dt0.02.npz")["err"][0] == 2.0
+    assert [p.name for p in first.save(tmp_path / "named.csv")] == ["named.csv",
+                                                                   "named.npz"]

@@ -21,6 +21,36 @@ from jaxtyping import Array, Float
 from .._kinematics import holonomic_jacobian, velocity_constraints, velocity_size
 from .._linalg import default_rtol
 from .._model import AbstractModel
+from .._results import is_concrete
+
+
+def _check_configuration(name: str, model: AbstractModel, t, q) -> None:
+    """A concrete configuration must be finite, and the mass matrix there positive
+    definite: a NaN state (or a negative mass) otherwise reads as a singular or
+    well-conditioned point."""
+    if not is_concrete(q, t):
+        return
+    if not np.all(np.isfinite(np.asarray(q))):
+        raise ValueError(f"cdiff.analysis.{name}: the configuration q is not finite: "
+                         f"{np.asarray(q)}")
+    M = np.asarray(model.mass_matrix(jnp.asarray(t, q.dtype), q))
+    if not (np.all(np.isfinite(M)) and np.all(np.linalg.eigvalsh(
+            0.5 * (M + M.T)) > 0)):
+        raise ValueError(
+            f"cdiff.analysis.{name}: {type(model).__name__}.mass_matrix is not "
+            "positive definite at q (a negative or zero mass or inertia?): "
+            f"eigenvalues {np.linalg.eigvalsh(0.5 * (M + M.T))}")
+
+
+def _holonomic_rows(name: str, model: AbstractModel, t, q) -> int:
+    """The number of holonomic rows, refused when there are none (shapes only)."""
+    m = jax.eval_shape(model.holonomic, jnp.asarray(t, q.dtype), q).shape[0]
+    if m == 0:
+        raise ValueError(
+            f"cdiff.analysis.{name}: {type(model).__name__} has no holonomic "
+            "constraints (holonomic(t, q) has no rows), so there is no reduction "
+            "index matrix G M^-1 G^T to evaluate or make singular.")
+    return m
 
 
 def rank(A, rtol=None, atol=0.0) -> Array:
@@ -43,6 +73,7 @@ def constraint_rank(
     the largest, or below `atol`, count as zero (both default
     $10\sqrt{\varepsilon}$; `atol` finds a single vanishing row)."""
     q = jnp.asarray(q)
+    _check_configuration("constraint_rank", model, t, q)
     v = jnp.zeros(velocity_size(model, q), q.dtype) if v is None else v
     _, A_v = velocity_constraints(model, t, q, v)
     atol = default_rtol(A_v.dtype) if atol is None else atol
@@ -63,6 +94,8 @@ def reduction_index_matrix(model: AbstractModel, t, q) -> IndexMatrix:
     r"""$\varphi = GM^{-1}G^T$ (Costa-Castelló eq. 44) of the holonomic constraints
     at `(t, q)`, its determinant and condition number."""
     q = jnp.asarray(q)
+    _holonomic_rows("reduction_index_matrix", model, t, q)
+    _check_configuration("reduction_index_matrix", model, t, q)
     _, G = holonomic_jacobian(model, t, q)
     M = model.mass_matrix(jnp.asarray(t, q.dtype), q)
     phi = G @ jnp.linalg.solve(M, G.T)
@@ -101,6 +134,7 @@ def differential_index(
     Evaluated outside `jit` (it returns a Python value)."""
     q = jnp.asarray(q)
     t = jnp.asarray(t, q.dtype)
+    _check_configuration("differential_index", model, t, q)
     phi, G = holonomic_jacobian(model, t, q)
     _, A_v = velocity_constraints(model, t, q, jnp.zeros(G.shape[1], q.dtype))
     if A_v.shape[0] == 0:
@@ -142,6 +176,7 @@ def singular_configurations(
     """
     guesses = jnp.atleast_2d(jnp.asarray(guesses))
     t = jnp.asarray(t, guesses.dtype)
+    _holonomic_rows("singular_configurations", model, t, guesses[0])
 
     def residual(x, m):
         q, w = x[:-m], x[-m:]

@@ -209,15 +209,21 @@ def _open_checkpoint(directory: Path, manifest: dict, name: str,
             "chunk_size": "the chunk size", "key": "the key",
             "inputs": "the inputs (values, shapes or dtypes)",
             "fn_arrays": "the array leaves of fn (values, shapes or dtypes)",
-            "outputs": "fn's output shapes or dtypes"}
-    differ = [f"{text}: saved {saved.get(k)!r}, now {manifest[k]!r}"
+            "outputs": "fn's output shapes or dtypes",
+            "output_structure": "fn's output structure (its names or nesting)"}
+    differ = [f"{text}: saved {_short(saved.get(k))}, now {_short(manifest[k])}"
               if k not in ("inputs", "fn_arrays") else text
               for k, text in what.items() if saved.get(k) != manifest[k]]
     if differ:
         raise ValueError(
             f"{name}: the checkpoint in {directory} is of another sweep; it differs "
             f"in " + "; ".join(differ) + ". Resume with the same inputs, chunk_size "
-            "and key, or use another (or an emptied) directory.")
+            "and key (and fn), or use another (or an emptied) directory.")
+
+
+def _short(value, limit: int = 200) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _sweep_id(manifest: dict) -> str:

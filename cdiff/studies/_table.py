@@ -86,7 +86,20 @@ class Table:
         return path
 
     def save(self, stem) -> tuple[Path, Path]:
-        """Write `stem.csv` and `stem.npz`; returns both paths."""
-        stem = Path(stem)
-        return (self.to_csv(stem.with_suffix(".csv")),
-                self.to_npz(stem.with_suffix(".npz")))
+        """Write `stem.csv` and `stem.npz`; returns both paths. The extensions are
+        appended to the whole name (`"out/study_dt0.01"` writes
+        `out/study_dt0.01.csv`); a stem ending in `.csv` or `.npz` loses it."""
+        return (self.to_csv(with_extension(stem, ".csv")),
+                self.to_npz(with_extension(stem, ".npz")))
+
+
+_EXTENSIONS = (".csv", ".npz", ".png")
+
+
+def with_extension(stem, extension: str) -> Path:
+    """`stem` + `extension`, keeping every dot of the stem's name (`Path.with_suffix`
+    would replace the part after its last dot: `study_dt0.01` and `study_dt0.02`
+    would both become `study_dt0.csv`)."""
+    stem = Path(stem)
+    name = stem.stem if stem.suffix in _EXTENSIONS else stem.name
+    return stem.with_name(name + extension)
