@@ -161,6 +161,12 @@ def simulate(
     q0 = jnp.asarray(q0)
     if not jnp.issubdtype(q0.dtype, jnp.floating):
         q0 = q0.astype(jnp.result_type(float))
+    if q0.dtype not in (jnp.float32, jnp.float64):
+        raise ValueError(
+            f"cdiff.simulate: q0 has dtype {q0.dtype}; cdiff simulates in float32 or "
+            "float64 (its linear algebra has no half-precision kernels, and float16's "
+            "round-off, 1e-3, is above most constraint tolerances): pass "
+            "q0.astype(jnp.float32)")
     v0 = jnp.asarray(v0, dtype=q0.dtype)
     _note_float32(q0.dtype)
     nq, m, p = check_model(model, t0, q0, v0)

@@ -632,3 +632,11 @@ def test_float32_by_default_is_said_once():
                          text=True, check=True).stdout
     assert out.split()[:2] == ["float32", "1"], out
     assert "cdiff.simulate: simulating in float32" in out
+
+
+@pytest.mark.parametrize("dtype", [jnp.float16, jnp.bfloat16])
+def test_half_precision_is_refused_by_name(dtype):
+    """It failed inside XLA ("Unsupported dtype float16") after overflow warnings."""
+    q0 = jnp.zeros(2, dtype)
+    with pytest.raises(ValueError, match=f"q0 has dtype {jnp.dtype(dtype).name}"):
+        _simulate(Particle(), q0, q0)

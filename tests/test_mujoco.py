@@ -556,3 +556,19 @@ def test_import_without_mujoco():
             raise AssertionError("no ImportError")
     """
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+def test_warnings_name_the_callers_line():
+    """The load warning and the keyframe warning point at the line that called
+    cdiff (not at equinox's or jaxtyping's wrappers), and the keyframe warning
+    says how to project."""
+    xml = """<mujoco><worldbody><body><joint name="a" range="-1 1" limited="true"/>
+      <geom size="0.1"/><body pos="1 0 0"><joint name="b"/><geom size="0.1"/>
+        <site name="s" pos="1 0 0"/></body></body><site name="w" pos="0 0 5"/>
+      </worldbody><equality><connect site1="s" site2="w"/></equality>
+      <keyframe><key name="start" qpos="0 0"/></keyframe></mujoco>"""
+    with pytest.warns(UserWarning, match="not simulated") as loaded:
+        model = cdiff.models.from_mujoco(xml)
+    with pytest.warns(UserWarning, match=r"cdiff.consistent_state\(model") as started:
+        model.initial_state()
+    assert {w.filename for w in [*loaded, *started]} == {__file__}

@@ -8,7 +8,9 @@ import copy
 import functools
 import io
 import os
+import sys
 import warnings
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import equinox as eqx
@@ -538,11 +540,11 @@ class MuJoCoModel(AbstractModel):
             if residual.size and residual.max() > 1e-6:
                 row = int(residual.argmax())
                 labels = [e.label for e in self.equalities for _ in range(e.rows)]
-                warnings.warn(
+                _warn(
                     f"{self.name}: {label} violates the equality constraints by "
                     f"{residual.max():.3g} (largest residual, {labels[row]}); "
-                    f"project it onto the constraints before simulating",
-                    UserWarning, stacklevel=2)
+                    "project it onto the constraints before simulating: "
+                    "q0, v0 = cdiff.consistent_state(model, q0, v0)")
         return q0, v0
 
     def tree_replace(self, params: dict[str, Any]) -> MuJoCoModel:
@@ -1000,6 +1002,29 @@ def _names(mujoco, m, obj, n):
     return tuple(mujoco.mj_id2name(m, obj, i) or "" for i in range(n))
 
 
+# Frames of these packages are skipped when a warning names the caller's line.
+_WRAPPERS = tuple(str(Path(mod.__file__).parent) for mod in (eqx,))
+_CDIFF = str(Path(__file__).resolve().parent.parent)
+
+
+def _warn(message: str) -> None:
+    """A `UserWarning` attributed to the first frame outside cdiff, equinox,
+    jaxtyping and beartype: the user's line (a method call on a Module and runtime
+    type checks add frames of their own, so no fixed `stacklevel` finds it)."""
+    frame = sys._getframe(1)
+    while frame.f_back is not None:
+        name = frame.f_code.co_filename
+        if not (name.startswith(_CDIFF) or name.startswith(_WRAPPERS)
+                or "jaxtyping" in name or name.startswith(("<frozen", "<@beartype"))):
+            break
+        frame = frame.f_back
+    globals_ = frame.f_globals
+    warnings.warn_explicit(message, UserWarning, frame.f_code.co_filename,
+                           frame.f_lineno, module=globals_.get("__name__"),
+                           registry=globals_.setdefault("__warningregistry__", {}),
+                           module_globals=globals_)
+
+
 def _labels(kind, names, ids):
     return [f"{kind} {names[i]!r}" if names[i] else f"{kind} {i}" for i in ids]
 
@@ -1202,9 +1227,8 @@ def from_mujoco(source, *, cls: type[MuJoCoModel] = MuJoCoModel,
     except NotImplementedError as e:
         raise ValueError(f"MJX cannot load {label}: {e}") from e
     if ignored:
-        warnings.warn(f"{label}: not simulated by cdiff (MuJoCo treats them as "
-                      f"inequality constraints or clamps): " + "; ".join(ignored),
-                      UserWarning, stacklevel=2)
+        _warn(f"{label}: not simulated by cdiff (MuJoCo treats them as inequality "
+              "constraints or clamps): " + "; ".join(ignored))
 
     obj, dis = mujoco.mjtObj, mujoco.mjtDisableBit
     flags = m.opt.disableflags
