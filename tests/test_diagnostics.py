@@ -39,3 +39,34 @@ def test_more_than_8192_saved_rows():
     # 6.6e-8 on another, 1e-7 or less on the earlier one; halving dt makes it
     # larger, 8.6e-7), where RK4's truncation error at dt = 1e-3 is below 1e-11.
     assert float(error) < 5e-7
+
+
+BATCH = textwrap.dedent(
+    """
+    import jax
+    jax.config.update("jax_enable_x64", True)
+    import jax.numpy as jnp
+    import cdiff
+
+    model = cdiff.models.SliderCrank()
+    q0, v0 = model.initial_state()
+    vs = v0 * jnp.linspace(0.5, 1.5, 8193)[:, None]
+    run = jax.jit(jax.vmap(lambda v: cdiff.simulate(
+        model, cdiff.UdwadiaKalaba(), q0, v, t1=0.1, dt=1e-2).q[-1]))
+    q = run(vs)
+    one = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, vs[-1], t1=0.1, dt=1e-2)
+    print(q.shape[0], float(jnp.max(jnp.abs(q[-1] - one.q[-1]))))
+    """
+)
+
+
+def test_a_batch_of_more_than_8192_trajectories_runs():
+    """One vmap of 8193 solves with their run-time checks (host callbacks), which
+    docs/limitations.md once said deadlocks XLA's CPU runtime (jaxlib 0.10.2): it
+    runs, and its last member equals the same solve alone."""
+    out = subprocess.run([sys.executable, "-c", BATCH], capture_output=True,
+                         text=True, timeout=240)
+    assert out.returncode == 0, out.stderr[-2000:]
+    members, difference = out.stdout.split()
+    assert int(members) == 8193
+    assert float(difference) < 1e-12
