@@ -39,6 +39,21 @@ def test_mkdocs_build_strict(tmp_path):
                  "reference-mechanisms/index.html", "api/formulations/index.html",
                  "notebooks/braun_goldfarb/index.html"):
         assert (tmp_path / "site" / page).is_file(), page
+    # The site renders its maths with no network: MathJax is served from it, and no
+    # page loads a script from elsewhere (MathJax came from a CDN, so offline every
+    # page showed raw \( ... \)).
+    site = tmp_path / "site"
+    assert (site / "javascripts" / "mathjax" / "MathJax.js").is_file()
+    assert (site / "javascripts" / "mathjax" / "jax" / "output" / "SVG").is_dir()
+    external = {}
+    for page in site.rglob("*.html"):
+        found = re.findall(r"<script[^>]*\bsrc=[\"']?((?:https?:)?//[^\"' >]+)",
+                           page.read_text(encoding="utf-8"))
+        if found:
+            external[str(page.relative_to(site))] = sorted(set(found))
+    assert not external, f"pages loading scripts from the network: {external}"
+    index = (site / "index.html").read_text(encoding="utf-8")
+    assert "javascripts/mathjax/MathJax.js" in index
 
 
 def _public_names(module: types.ModuleType) -> set[str]:

@@ -1,24 +1,28 @@
-// MathJax 3 for the maths of the pages and docstrings (pymdownx.arithmatex, generic
-// mode: \( \) and \[ \] inside span/div.arithmatex) and of the notebooks (rendered by
-// mkdocs-jupyter with their $ $ and $$ $$ delimiters left in the text). Code blocks
-// (pre, code) are never typeset.
+// MathJax 2.7 (served from the site: docs/hooks/mathjax.py) for the maths of the
+// pages and docstrings (pymdownx.arithmatex, generic mode: \( \) and \[ \] inside
+// span/div.arithmatex) and of the notebooks (rendered by mkdocs-jupyter with their
+// $ $ and $$ $$ delimiters left in the text). Code blocks (pre, code) are never
+// typeset. Read by MathJax.js when it loads (the script after this one).
 window.MathJax = {
-  tex: {
+  jax: ["input/TeX", "output/SVG"],
+  extensions: ["tex2jax.js"],
+  TeX: { extensions: ["AMSmath.js", "AMSsymbols.js", "noErrors.js", "noUndefined.js"] },
+  tex2jax: {
     inlineMath: [["\\(", "\\)"], ["$", "$"]],
     displayMath: [["\\[", "\\]"], ["$$", "$$"]],
     processEscapes: true,
     processEnvironments: true,
   },
+  SVG: { font: "TeX" },
+  showMathMenu: false,
+  messageStyle: "none",
 };
 
 // With Material's instant navigation a page is replaced without reloading scripts.
 if (typeof document$ !== "undefined") {
   document$.subscribe(() => {
-    if (window.MathJax && MathJax.typesetPromise) {
-      MathJax.startup.output.clearCache();
-      MathJax.typesetClear();
-      MathJax.texReset();
-      MathJax.typesetPromise();
+    if (window.MathJax && MathJax.Hub && MathJax.Hub.Queue) {
+      MathJax.Hub.Queue(["Typeset", MathJax.Hub]);
     }
   });
 }
