@@ -22,6 +22,7 @@ def consistent_state(
     iterations: int = 30,
     mass_weighted: bool = False,
     rtol: float | None = None,
+    fixed: tuple[int, ...] = (),
 ):
     r"""Project a guess `(q, v)` onto the position and velocity constraints.
 
@@ -50,6 +51,19 @@ def consistent_state(
     - `iterations`: the most Gauss-Newton steps (static).
     - `mass_weighted`: corrections in the kinetic metric.
     - `rtol`: relative singular-value threshold of the pseudoinverse.
+    - `fixed`: indices of velocity coordinates (entries of `v`) to hold at the
+      guess's values: the corrections move only the others. A minimum-norm
+      projection otherwise moves every coordinate, the one you chose too (a
+      four-bar's crank started at 0.4 rad ends elsewhere); for a hinge or slide
+      joint its position is held as well (`q` and `v` share the index when the
+      model has no quaternions). With as many fixed coordinates as the mechanism
+      has degrees of freedom, the others follow from the constraints (one of a
+      four-bar's assembly branches: the one nearest the guess).
+
+    ```python
+    # The crank (coordinate 0) at 0.4 rad turning at 2 rad/s; the rest solved.
+    q0, v0 = cdiff.consistent_state(four_bar, q_guess, v_guess, fixed=(0,))
+    ```
 
     **Returns:** `(q, v)` on the constraints.
 
@@ -68,7 +82,8 @@ def consistent_state(
     t = jnp.asarray(t, q.dtype)
     if tol is None:
         tol = 1e-10 if q.dtype == jnp.float64 else 1e-4
-    projection = NewtonProjection(iterations=1, mass_weighted=mass_weighted, rtol=rtol)
+    projection = NewtonProjection(iterations=1, mass_weighted=mass_weighted, rtol=rtol,
+                                  fixed=fixed)
     q, v, err_q, err_v = _project(model, t, q, v, tol, projection, iterations)
     message = (
         f"cdiff.consistent_state: {type(model).__name__}'s constraints cannot be met "

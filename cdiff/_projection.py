@@ -23,7 +23,7 @@ from jaxtyping import Array, Float, Int
 
 from ._formulation.base import mass_factor
 from ._kinematics import holonomic_jacobian, velocity_constraints
-from ._linalg import PseudoInverse, default_rtol, solve_triangular
+from ._linalg import MassFactor, PseudoInverse, default_rtol, solve_triangular
 from ._model import AbstractModel
 
 
@@ -104,6 +104,11 @@ class NewtonProjection(AbstractProjection):
     - `mass_weighted`: weight the corrections by the mass matrix (default `False`,
       the paper's $A^+$).
     - `rtol`: relative singular-value threshold of the pseudoinverse.
+    - `fixed`: indices of velocity coordinates (entries of `v`, one per degree of
+      freedom) that the corrections leave unchanged: the constraints are met by
+      moving the others (the columns of $A$ of the fixed ones are dropped; with
+      `mass_weighted`, the kinetic metric of the free ones). For a hinge or slide
+      joint that holds its position too. Default none.
 
     ??? cite "References"
 
@@ -115,16 +120,29 @@ class NewtonProjection(AbstractProjection):
     iterations: int = eqx.field(static=True, default=3)
     mass_weighted: bool = eqx.field(static=True, default=False)
     rtol: float | None = eqx.field(static=True, default=None)
+    fixed: tuple[int, ...] = eqx.field(static=True, default=(), converter=lambda x:
+                                       tuple(int(i) for i in x))
 
     def __check_init__(self):
         _check_iterations(self.iterations)
+        if len(set(self.fixed)) != len(self.fixed) or any(i < 0 for i in self.fixed):
+            raise ValueError(f"fixed must hold distinct indices >= 0, got {self.fixed}")
 
     def corrector(self, model, t, q, A):
-        del A
+        n = A.shape[1]
+        if any(i >= n for i in self.fixed):
+            raise ValueError(
+                f"fixed = {self.fixed}: the model has {n} velocity coordinates")
+        free = jnp.ones(n, A.dtype).at[jnp.asarray(self.fixed, int)].set(0.0)
         if not self.mass_weighted:
-            return lambda A, r: PseudoInverse(A, self.rtol).solve(r)
-        mf = mass_factor(model, t, q)
-        return lambda A, r: mf.unweight(PseudoInverse(mf.weight(A), self.rtol).solve(r))
+            return lambda A, r: PseudoInverse(A * free, self.rtol).solve(r)
+        if self.fixed:  # the metric of the free block: fixed rows and columns -> I
+            M = model.mass_matrix(jnp.asarray(t, q.dtype), q)
+            mf = MassFactor(free[:, None] * M * free[None, :] + jnp.diag(1.0 - free))
+        else:
+            mf = mass_factor(model, t, q)
+        return lambda A, r: mf.unweight(
+            PseudoInverse(mf.weight(A * free), self.rtol).solve(r))
 
 
 class GradientProjection(AbstractProjection):

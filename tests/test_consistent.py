@@ -93,3 +93,29 @@ def test_transformations():
     fd = (slider(th + h) - slider(th - h)) / (2 * h)
     # Measured 6.1e-11 relative (the differences' round-off).
     np.testing.assert_allclose(jax.grad(slider)(th), fd, rtol=2.5e-10)
+
+
+def test_fixed_coordinates_are_held_and_the_rest_solved():
+    """The slider-crank (R2, coordinates x1, y1, theta1, x2, y2, theta2) from a
+    rough guess with the crank angle and rate chosen: `fixed=(2,)` holds them and
+    the projection lands on the exact configuration of that crank angle (branch
+    theta2 = -theta1) and velocity; without it the minimum-norm projection moves
+    the crank as well."""
+    model = cdiff.models.SliderCrank()
+    h, theta, w = 0.5, 0.4, 2.0
+    c, s = np.cos(theta), np.sin(theta)
+    exact_q = np.array([h * c, h * s, theta, 3 * h * c, h * s, -theta])
+    exact_v = w * np.array([-h * s, h * c, 1.0, -3 * h * s, h * c, -1.0])
+    guess_q = exact_q + np.array([0.05, -0.04, 0.0, 0.1, 0.03, 0.08])
+    guess_v = np.array([0.0, 0.0, w, 0.0, 0.0, 0.0])
+    for weighted in (False, True):
+        q, v = cdiff.consistent_state(model, jnp.asarray(guess_q),
+                                      jnp.asarray(guess_v), fixed=(2,),
+                                      mass_weighted=weighted)
+        assert float(q[2]) == theta and float(v[2]) == w
+        np.testing.assert_allclose(q, exact_q, rtol=0, atol=1e-12)
+        np.testing.assert_allclose(v, exact_v, rtol=0, atol=1e-12)
+    q, _ = cdiff.consistent_state(model, jnp.asarray(guess_q), jnp.asarray(guess_v))
+    assert abs(float(q[2]) - theta) > 1e-3  # the control: the crank moved
+    with pytest.raises(ValueError, match="6 velocity coordinates"):
+        cdiff.consistent_state(model, jnp.asarray(guess_q), fixed=(6,))
