@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ._formulation.base import mass_factor
+from ._formulation.base import checked_mass, mass_factor
 from ._kinematics import holonomic_jacobian, velocity_constraints
 from ._linalg import MassFactor, PseudoInverse, default_rtol, solve_triangular
 from ._model import AbstractModel
@@ -136,11 +136,9 @@ class NewtonProjection(AbstractProjection):
         free = jnp.ones(n, A.dtype).at[jnp.asarray(self.fixed, int)].set(0.0)
         if not self.mass_weighted:
             return lambda A, r: PseudoInverse(A * free, self.rtol).solve(r)
+        M, mf = checked_mass(model, t, q)
         if self.fixed:  # the metric of the free block: fixed rows and columns -> I
-            M = model.mass_matrix(jnp.asarray(t, q.dtype), q)
             mf = MassFactor(free[:, None] * M * free[None, :] + jnp.diag(1.0 - free))
-        else:
-            mf = mass_factor(model, t, q)
         return lambda A, r: mf.unweight(
             PseudoInverse(mf.weight(A * free), self.rtol).solve(r))
 

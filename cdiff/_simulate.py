@@ -202,9 +202,8 @@ def simulate(
     # without host callbacks, its failures returned as result codes and raised here
     # with the message naming where it stopped. JAX's persistent compilation cache
     # keeps no program with host callbacks (`cdiff.use_compilation_cache`).
+    # (check_model has checked a concrete initial state's values.)
     concrete = is_concrete(model, formulation, control, q0, v0, times, solver)
-    if concrete:
-        _check_initial_state(q0, v0)
 
     def solve(inner_throw: bool) -> Solution:
         if bdf:
@@ -274,14 +273,6 @@ def _check_time_resolution(t0, t1, dt, dtype) -> None:
                 "(some would vanish). Measure time from a nearer origin (t0 = 0), "
                 "take a larger dt, or simulate in float64 (jax_enable_x64)."
             )
-
-
-def _check_initial_state(q0, v0) -> None:
-    if not (np.all(np.isfinite(np.asarray(q0))) and np.all(np.isfinite(np.asarray(v0)))):
-        raise ValueError(
-            f"cdiff.simulate: the initial state (q0, v0) is not finite: q0 = {q0}, "
-            f"v0 = {v0}"
-        )
 
 
 @eqx.filter_jit

@@ -15,7 +15,7 @@ from jaxtyping import Array, Bool, Float
 from ._formulation.base import (AbstractFormulation, Context, applied_forces,
                                 mass_factor)
 from ._model import AbstractModel
-from ._results import RESULTS, solver_errors
+from ._results import RESULTS, is_concrete, solver_errors
 
 
 class Solution(eqx.Module):
@@ -105,8 +105,7 @@ class Solution(eqx.Module):
         model holds hundreds of arrays) would fill a screen."""
         shape = lambda x: "x".join(map(str, jnp.shape(x)))  # noqa: E731
         fields = [f"ts {shape(self.ts)}", f"q {shape(self.q)}", f"v {shape(self.v)}"]
-        concrete = not any(isinstance(x, jax.core.Tracer)
-                           for x in jax.tree.leaves((self.ts, self.result, self.q)))
+        concrete = is_concrete(self.ts, self.result, self.q)
         if concrete and np.ndim(self.result._value) == 0:
             fields.insert(0, _result_name(self.result))
             ts = np.asarray(self.ts)

@@ -62,7 +62,7 @@ def test_degenerate_input_is_named():
     nan = _slider_crank_at(np.pi / 4).at[0].set(jnp.nan)
     for check in (analysis.constraint_rank, analysis.differential_index,
                   analysis.reduction_index_matrix):
-        with pytest.raises(ValueError, match="configuration q is not finite"):
+        with pytest.raises(ValueError, match="configuration q contains non-finite values"):
             check(model, 0.0, nan)
     negative = cdiff.models.SliderCrank(m=-1.0)
     with pytest.raises(ValueError, match="not positive definite"):

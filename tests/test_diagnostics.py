@@ -28,11 +28,16 @@ SCRIPT = textwrap.dedent(
 )
 
 
-def test_more_than_8192_saved_rows():
-    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True,
+def _printed(script: str) -> list[str]:
+    """What `script` prints, run in a subprocess with a time limit (a hang fails)."""
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True,
                          text=True, timeout=240)
     assert out.returncode == 0, out.stderr[-2000:]
-    rows, error = out.stdout.split()
+    return out.stdout.split()
+
+
+def test_more_than_8192_saved_rows():
+    rows, error = _printed(SCRIPT)
     assert int(rows) == 9001
     # A sanity check of the rows, not an accuracy target: the error is round-off
     # accumulated through the singular passages (1.5e-7 on one AMD EPYC host,
@@ -64,9 +69,6 @@ def test_a_batch_of_more_than_8192_trajectories_runs():
     """One vmap of 8193 solves with their run-time checks (host callbacks), which
     docs/limitations.md once said deadlocks XLA's CPU runtime (jaxlib 0.10.2): it
     runs, and its last member equals the same solve alone."""
-    out = subprocess.run([sys.executable, "-c", BATCH], capture_output=True,
-                         text=True, timeout=240)
-    assert out.returncode == 0, out.stderr[-2000:]
-    members, difference = out.stdout.split()
+    members, difference = _printed(BATCH)
     assert int(members) == 8193
     assert float(difference) < 1e-12

@@ -20,7 +20,7 @@ from jaxtyping import Array, Float
 
 from .._kinematics import holonomic_jacobian, velocity_constraints, velocity_size
 from .._linalg import default_rtol
-from .._model import AbstractModel
+from .._model import AbstractModel, _check_finite_if_concrete
 from .._results import is_concrete
 
 
@@ -30,9 +30,7 @@ def _check_configuration(name: str, model: AbstractModel, t, q) -> None:
     well-conditioned point."""
     if not is_concrete(q, t):
         return
-    if not np.all(np.isfinite(np.asarray(q))):
-        raise ValueError(f"cdiff.analysis.{name}: the configuration q is not finite: "
-                         f"{np.asarray(q)}")
+    _check_finite_if_concrete(f"cdiff.analysis.{name}: the configuration q", q)
     M = np.asarray(model.mass_matrix(jnp.asarray(t, q.dtype), q))
     if not (np.all(np.isfinite(M)) and np.all(np.linalg.eigvalsh(
             0.5 * (M + M.T)) > 0)):
