@@ -8,6 +8,8 @@ directory CHECKPOINT, and saves its results and report in OUT/result_{PROCESS_ID
 MODE "run" runs the sweep; MODE "kill" dies by SIGKILL partway: process 1 when it
 has computed chunks 1 and 3 (at chunk 5), process 0 when it has computed chunks 0
 and 2 (at chunk 4) and chunk 3 is on disk, leaving chunks 0 to 3 in CHECKPOINT.
+MODE "other-key" runs process 1 with another key; MODE "fail" raises a
+`RuntimeError` in process 1 after its chunk 3.
 """
 
 from __future__ import annotations
@@ -48,6 +50,11 @@ def _die_partway(checkpoint: Path):
     return on_chunk
 
 
+def _fail_partway(i, out):
+    if i == 3:
+        raise RuntimeError("process 1 fails on purpose after chunk 3")
+
+
 def main(process_id: int, port: int, checkpoint: Path, out: Path, mode: str):
     jax.distributed.initialize(coordinator_address=f"localhost:{port}",
                                num_processes=2, process_id=process_id,
@@ -58,11 +65,12 @@ def main(process_id: int, port: int, checkpoint: Path, out: Path, mode: str):
     from cdiff.studies._chunked import _sweep
 
     start = time.perf_counter()
+    on_chunk = {"kill": _die_partway(checkpoint),
+                "fail": _fail_partway if process_id == 1 else None}.get(mode)
+    key = KEY + " (another)" if mode == "other-key" and process_id == 1 else KEY
     result, report = _sweep(final_state, INPUTS, chunk_size=CHUNK,
-                            checkpoint=checkpoint, key=KEY, progress=True,
-                            timeout=120,
-                            on_chunk=_die_partway(checkpoint) if mode == "kill"
-                            else None)
+                            checkpoint=checkpoint, key=key, progress=True,
+                            timeout=120, on_chunk=on_chunk)
     report = dict(dataclasses.asdict(report), seconds=time.perf_counter() - start)
     np.savez(out / f"result_{process_id}.npz", angle=result["angle"], q=result["q"],
              report=np.asarray(json.dumps(report)))

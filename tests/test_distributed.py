@@ -136,6 +136,37 @@ def test_killed_processes_resume(tmp_path):
     _assert_equal_one_process(r0)
 
 
+def test_processes_called_differently_both_stop_naming_it(tmp_path):
+    # Process 1 has another key: both refuse within seconds (each waits up to 120 s
+    # for chunks otherwise, and the test kills them at 60 s), naming the key.
+    start = time.monotonic()
+    codes, errs = _run_pair(tmp_path / "checkpoint", tmp_path / "out",
+                            mode="other-key", timeout=60)
+    assert codes == [1, 1], "\n".join(e[-3000:] for e in errs)
+    assert time.monotonic() - start < 50
+    for err in errs:
+        assert ("ValueError: cdiff.studies.map_batches: processes " in err
+                and "were called with different arguments; they differ in the key: "
+                in err and "(another)" in err), err[-3000:]
+    assert not list((tmp_path / "checkpoint").glob("chunk_*"))
+
+
+def test_a_process_that_fails_stops_the_others(tmp_path):
+    # Process 1 raises after its chunk 3; process 0 stops at its next look instead
+    # of waiting for chunks 5 and 7, naming process 1's error.
+    start = time.monotonic()
+    codes, errs = _run_pair(tmp_path / "checkpoint", tmp_path / "out", mode="fail",
+                            timeout=60)
+    assert codes == [1, 1], "\n".join(e[-3000:] for e in errs)
+    assert time.monotonic() - start < 50
+    assert "RuntimeError: process 1 fails on purpose after chunk 3" in errs[1]
+    assert ("RuntimeError: cdiff.studies.map_batches: process 1 of 2 stopped: "
+            "RuntimeError: process 1 fails on purpose after chunk 3. Process 0 "
+            "stops too" in errs[0]), errs[0][-3000:]
+    # What was written stays: a rerun resumes.
+    assert (tmp_path / "checkpoint" / "chunk_00001.npz").exists()
+
+
 # In this process, posing as one of two processes.
 
 

@@ -169,12 +169,14 @@ def _ranges(indices) -> str:
 
 
 def _wait_for_manifest(directory: Path, timeout, name: str, process: int,
-                       count: int) -> float:
+                       count: int, peers: _Peers | None = None) -> float:
     """Wait (up to `timeout` seconds; None: no limit) for process 0 to write the
     manifest; the seconds waited."""
     start = time.monotonic()
     delay = _POLL[0]
     while _MANIFEST not in _listing(directory):
+        if peers is not None:
+            peers.check()
         waited = time.monotonic() - start
         if timeout is not None and waited > timeout:
             raise TimeoutError(
@@ -205,20 +207,28 @@ def _open_checkpoint(directory: Path, manifest: dict, name: str,
         saved = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise ValueError(f"{name}: cannot read {path} ({e})") from e
+    differ = _differences(saved, manifest)
+    if differ:
+        raise ValueError(
+            f"{name}: the checkpoint in {directory} is of another sweep; it differs "
+            f"in " + "; ".join(differ) + ". Resume with the same inputs, chunk_size "
+            "and key (and fn), or use another (or an emptied) directory.")
+
+
+def _differences(saved: dict, manifest: dict,
+                 labels: tuple[str, str] = ("saved", "now")) -> list[str]:
+    """What differs between two manifests, in words ("the key: saved 'a', now
+    'b'", with `labels` naming the two); the fingerprints by name only."""
     what = {"format": "the file format", "n": "the batch size",
             "chunk_size": "the chunk size", "key": "the key",
             "inputs": "the inputs (values, shapes or dtypes)",
             "fn_arrays": "the array leaves of fn (values, shapes or dtypes)",
             "outputs": "fn's output shapes or dtypes",
             "output_structure": "fn's output structure (its names or nesting)"}
-    differ = [f"{text}: saved {_short(saved.get(k))}, now {_short(manifest[k])}"
-              if k not in ("inputs", "fn_arrays") else text
-              for k, text in what.items() if saved.get(k) != manifest[k]]
-    if differ:
-        raise ValueError(
-            f"{name}: the checkpoint in {directory} is of another sweep; it differs "
-            f"in " + "; ".join(differ) + ". Resume with the same inputs, chunk_size "
-            "and key (and fn), or use another (or an emptied) directory.")
+    return [f"{text}: {labels[0]} {_short(saved.get(k))}, {labels[1]} "
+            f"{_short(manifest[k])}"
+            if k not in ("inputs", "fn_arrays") else text
+            for k, text in what.items() if saved.get(k) != manifest[k]]
 
 
 def _short(value, limit: int = 200) -> str:
@@ -280,6 +290,93 @@ def _load_chunk(path: Path, structs, record: dict, name: str) -> list[np.ndarray
     return leaves
 
 
+class _Peers:
+    """The other processes of a `jax.distributed` run, reached through the
+    distributed runtime's key-value store (keys scoped to one `map_batches` call,
+    the `call`-th of this process; every process makes the same calls in the same
+    order). Each process publishes its sweep's manifest, so that processes called
+    with different arguments all stop at once naming the difference, and a
+    process that fails publishes its error, so that the others stop within a poll
+    instead of waiting `timeout` seconds for its chunks."""
+
+    _calls = 0  # map_batches calls across processes so far, in this process
+
+    def __init__(self, client, process: int, count: int, name: str):
+        self.client, self.process, self.count, self.name = client, process, count, name
+        self.prefix = f"cdiff/map_batches/{_Peers._calls}"
+        _Peers._calls += 1
+
+    @classmethod
+    def join(cls, process: int, count: int, name: str) -> _Peers | None:
+        """None outside `jax.distributed` (or in one process)."""
+        from jax._src import distributed  # the runtime's client: no public API
+
+        client = distributed.global_state.client
+        if count < 2 or client is None:
+            return None
+        return cls(client, process, count, name)
+
+    def agree(self, manifest: dict, timeout) -> None:
+        """Publish this process's manifest and compare it with every other
+        process's: a `ValueError` naming what differs, a `RuntimeError` when
+        another process failed before it got here, a `TimeoutError` naming the
+        processes that have not arrived within `timeout` seconds."""
+        mine = json.dumps(manifest, sort_keys=True)
+        self.client.key_value_set(f"{self.prefix}/args/{self.process}", mine)
+        start, delay, theirs = time.monotonic(), _POLL[0], {}
+        while len(theirs) < self.count - 1:
+            for p in range(self.count):
+                if p == self.process or p in theirs:
+                    continue
+                try:
+                    theirs[p] = json.loads(self.client.key_value_try_get(
+                        f"{self.prefix}/args/{p}"))
+                except Exception:  # not there yet (the runtime's NOT_FOUND)
+                    pass
+            self.check()
+            waited = time.monotonic() - start
+            if len(theirs) < self.count - 1 and timeout is not None and waited > timeout:
+                late = [p for p in range(self.count)
+                        if p != self.process and p not in theirs]
+                raise TimeoutError(
+                    f"{self.name}: process {self.process} of {self.count} waited "
+                    f"{waited:.0f} s for process{'es' if len(late) > 1 else ''} "
+                    f"{', '.join(map(str, late))} to call map_batches. Check that "
+                    f"every process makes the same map_batches calls, and look for "
+                    f"an error in their logs; or pass a longer timeout.")
+            if len(theirs) < self.count - 1:
+                time.sleep(delay)
+                delay = min(2 * delay, _POLL[1])
+        for p, other in sorted(theirs.items()):
+            differ = _differences(other, manifest, (f"process {p}",
+                                                    f"process {self.process}"))
+            if differ:
+                raise ValueError(
+                    f"{self.name}: processes {p} and {self.process} of {self.count} "
+                    f"were called with different arguments; they differ in "
+                    + "; ".join(differ) + ". Every process calls map_batches with the same inputs, "
+                    "chunk_size, key and fn.")
+
+    def check(self) -> None:
+        """A `RuntimeError` if another process has published a failure."""
+        for key, message in self.client.key_value_dir_get(f"{self.prefix}/failed/"):
+            p = int(key.rsplit("/", 1)[-1])
+            if p != self.process:
+                raise RuntimeError(
+                    f"{self.name}: process {p} of {self.count} stopped: {message}. "
+                    f"Process {self.process} stops too; the chunks written stay in "
+                    f"the checkpoint, and a rerun resumes.")
+
+    def fail(self, error: BaseException) -> None:
+        """Publish this process's failure (best effort: the runtime may be gone)."""
+        message = f"{type(error).__name__}: {error}".splitlines()[0]
+        try:
+            self.client.key_value_set(f"{self.prefix}/failed/{self.process}", message,
+                                      allow_overwrite=True)
+        except Exception:
+            pass
+
+
 def _placement(devices, name: str):
     """Shardings for a chunk (split along its leading axis) and for the array
     leaves of `fn` (replicated): over a 1-D mesh when there are several devices.
@@ -325,7 +422,23 @@ def _sweep(
     """[`cdiff.studies.map_batches`][], also returning a `_Report`. `name` (the
     public function) begins the error messages and labels the progress bar;
     `on_chunk(i, out)` is called with each computed chunk's output while it is
-    still on the devices (with the padding)."""
+    still on the devices (with the padding). Across processes, a failure here
+    (an interrupt too) is published to the others, which then stop."""
+    peers = _Peers.join(jax.process_index(), jax.process_count(), name)
+    try:
+        return _sweep_here(fn, inputs, chunk_size=chunk_size, checkpoint=checkpoint,
+                           key=key, progress=progress, devices=devices,
+                           compiler_options=compiler_options, timeout=timeout,
+                           name=name, on_chunk=on_chunk, peers=peers)
+    except BaseException as error:
+        if peers is not None:
+            peers.fail(error)
+        raise
+
+
+def _sweep_here(fn, inputs, *, chunk_size, checkpoint, key, progress, devices,
+                compiler_options, timeout, name, on_chunk,
+                peers: _Peers | None) -> tuple[Any, _Report]:
     paths, arrays, treedef, n = _check_inputs(inputs, name)
     size = _check_chunk_size(chunk_size, n, name)
     if not isinstance(key, str):
@@ -361,10 +474,12 @@ def _sweep(
             "outputs": [[list(s.shape), s.dtype.str] for s in out_structs],
             "output_structure": str(out_treedef),
         }
+        if peers is not None:
+            peers.agree(manifest, timeout)
         if process != 0:  # process 0 writes the manifest, the others read it
             directory.mkdir(parents=True, exist_ok=True)
             report.wait_time += _wait_for_manifest(directory, timeout, name, process,
-                                                   count)
+                                                   count, peers)
         _open_checkpoint(directory, manifest, name, write=process == 0)
         sweep = _sweep_id(manifest)
 
@@ -402,6 +517,8 @@ def _sweep(
     with tqdm(total=n, initial=done, desc=name.rsplit(".", 1)[-1], unit="run",
               disable=not progress or process != 0) as bar:
         for i in todo:
+            if peers is not None:
+                peers.check()
             lo, hi = i * size, min(n, (i + 1) * size)
             # The ragged last chunk (and every chunk, to a multiple of the device
             # count) is padded with copies of its last item: one compilation.
@@ -437,13 +554,14 @@ def _sweep(
         if others:
             report.wait_time += _gather(directory, others, load, timeout, name,
                                         process, count,
-                                        lambda i: bar.update(items(i)))
+                                        lambda i: bar.update(items(i)), peers)
             report.loaded.sort()
     return jax.tree.unflatten(out_treedef, out), report
 
 
 def _gather(directory: Path, missing: list, load: Callable, timeout, name: str,
-            process: int, count: int, loaded: Callable) -> float:
+            process: int, count: int, loaded: Callable,
+            peers: _Peers | None = None) -> float:
     """Load the chunks `missing` (the other processes' share) as they appear in
     `directory`, waiting for them; `TimeoutError` naming those still missing when
     none has appeared for `timeout` seconds (None: no limit). The seconds spent
@@ -463,6 +581,8 @@ def _gather(directory: Path, missing: list, load: Callable, timeout, name: str,
             last, delay = time.monotonic(), _POLL[0]
         if not missing:
             return waited
+        if peers is not None:
+            peers.check()
         idle = time.monotonic() - last
         if timeout is not None and idle > timeout:
             owners = sorted({i % count for i in missing})
@@ -571,7 +691,12 @@ def map_batches(
     they appear (polling the directory). **Every process returns the whole
     batch's results** (each holds them in host memory), so the code after the
     call runs the same everywhere; write files from process 0 only. The progress
-    bar shows on process 0 only. If a process dies, JAX's distributed runtime
+    bar shows on process 0 only. The processes compare their arguments through
+    JAX's distributed runtime before anything runs: when they differ (another
+    `key`, other inputs), every process raises a `ValueError` naming the
+    difference. A process that raises (an error in `fn`, an interrupt) tells the
+    others, which stop at their next chunk or look at the checkpoint with a
+    `RuntimeError` quoting its error. If a process dies, JAX's distributed runtime
     aborts the others: at once when process 0 (the coordinator) dies, otherwise
     after `heartbeat_timeout_seconds` (an argument of
     `jax.distributed.initialize`, 100 s by default). The chunks written stay, and
@@ -584,8 +709,9 @@ def map_batches(
     non-zero leading size, a `chunk_size` below 1, an `fn` that does not return
     arrays, a checkpoint of another sweep, a chunk file that is unreadable or not
     the chunk its name says, devices of another process, and a missing
-    `checkpoint` across processes; `TimeoutError` when, across processes, the
-    other processes' chunks stop coming (see `timeout`).
+    `checkpoint` across processes, and processes called with different
+    arguments; `RuntimeError` when another process failed; `TimeoutError` when,
+    across processes, the other processes' chunks stop coming (see `timeout`).
 
     !!! example
 
