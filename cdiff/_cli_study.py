@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import cdiff
+from cdiff._interrupt import Interrupt
 from cdiff._model import has_energy
 from cdiff.models import MODELS
 from cdiff.studies._table import with_extension
@@ -102,17 +103,23 @@ def _write(table, stem: Path) -> None:
     print(f"wrote {csv}, {npz}, {png}")
 
 
-def run(args) -> int:
-    """Run `cdiff study ...` with parsed `args`; returns the exit status."""
+def run(args, interrupt: Interrupt | None = None) -> int:
+    """Run `cdiff study ...` with parsed `args`; returns the exit status.
+    `interrupt` learns what is running and what a Ctrl-C keeps."""
+    interrupt = Interrupt() if interrupt is None else interrupt
     model = MODELS[args.model]()
+    interrupt.during = ("the gain sweep" if args.study == "gains" else
+                        "the gain sweep for the Baumgarte baseline")
     if args.study == "gains":
         formulation = (cdiff.NullSpace() if args.formulation == "null-space"
                        else cdiff.Lagrange())
         sweep = _sweep(model, args, formulation, args.alphas, args.betas)
         print(sweep.best)
-        _write(sweep, args.out / f"{args.model}-gains")
-        path = sweep.best.to_csv(args.out / f"{args.model}-gains-best.csv")
-        print(f"wrote {path}")
+        with interrupt.writing():
+            _write(sweep, args.out / f"{args.model}-gains")
+            path = sweep.best.to_csv(args.out / f"{args.model}-gains-best.csv")
+            print(f"wrote {path}")
+            interrupt.keep = lambda: "wrote the whole sweep"
         return 0
     print("gain sweep for the Baumgarte baseline ...")
     best = _sweep(model, args).best_formulation()
@@ -128,11 +135,24 @@ def run(args) -> int:
         formulations[energy_row] = cdiff.UdwadiaKalaba(energy_correction=True)
     if hasattr(model, "minimal_ode"):
         formulations["RK4 on the minimal ODE"] = cdiff.studies.Minimal()
+    stem = args.out / f"{args.model}-step-size"
+    interrupt.during = "the step-size study"
+
+    def finished(table):  # what a Ctrl-C keeps: the formulations done
+        def keep():
+            csv, npz = table.save(stem)
+            done = ", ".join(dict.fromkeys(table["formulation"]))
+            return (f"wrote the {len(table)} rows finished ({done}) to {csv} and "
+                    f"{npz}")
+        interrupt.keep = keep
+
     study = cdiff.studies.step_size_study(
         model, formulations, args.dts, args.t1, n_save=_n_save(args),
-        time_each=not args.no_time_each)
+        time_each=not args.no_time_each, on_formulation=finished)
     print(study)
-    _write(study, args.out / f"{args.model}-step-size")
+    with interrupt.writing():
+        _write(study, stem)
+        interrupt.keep = lambda: "wrote the whole study"
     return 0
 
 

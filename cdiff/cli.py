@@ -62,6 +62,7 @@ from cdiff import _cli_study, _run_figure
 from cdiff import _plain_text as _text
 from cdiff._animate import check_target as check_animation_target
 from cdiff._cache import cli_compilation_cache
+from cdiff._interrupt import Interrupt
 from cdiff._model import check_model
 from cdiff._model import has_energy as model_has_energy
 from cdiff.models import MJCF_LIBRARY, MODELS
@@ -444,15 +445,22 @@ class _Phases:
     time since the command started) and ends the phase before; `times` holds the
     seconds of each."""
 
-    def __init__(self, before: float = 0.0):
+    #: How an interrupt names each phase.
+    NAMES = {"set-up": "set-up", "compile": "compilation", "run": "the solve",
+             "reference": "the reference solution", "plotting": "plotting",
+             "writing": "writing", "animation": "the animation"}
+
+    def __init__(self, before: float = 0.0, interrupt: Interrupt | None = None):
         self.started = time.perf_counter()
         self.before = before  # seconds before `main` (Python and JAX start-up)
         self.times: dict[str, float] = {}
         self._current: tuple[str, float] | None = None
+        self.interrupt = Interrupt() if interrupt is None else interrupt
 
     def start(self, key: str, message: str) -> None:
         now = self.stop()
         self._current = (key, now)
+        self.interrupt.during = self.NAMES.get(key, key)
         print(f"[{self.before + now - self.started:6.1f} s] {message} ...",
               file=sys.stderr, flush=True)
 
@@ -508,10 +516,12 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
             "correction would drive it back to its initial energy and remove that "
             "work"
         )
-    _check_out(parser, "--out", args.out, [f"{case.name}.png", f"{case.name}.npz"])
+    created = phases.interrupt.created
+    created += _check_out(parser, "--out", args.out,
+                          [f"{case.name}.png", f"{case.name}.npz"])
     if animation_path is not None:
-        _check_out(parser, "--animate", animation_path.parent,
-                   [animation_path.name])
+        created += _check_out(parser, "--animate", animation_path.parent,
+                              [animation_path.name])
     progress = not args.no_progress and sys.stderr.isatty()
 
     # Settle static choices (NullSpace's dof) from the concrete initial state, then
@@ -564,6 +574,24 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
              & np.all(np.isfinite(np.asarray(sol.q)), axis=-1)
              & np.all(np.isfinite(np.asarray(sol.v)), axis=-1))
     ts = ts_all[valid]
+    data = {
+        "ts": ts,
+        "q": np.asarray(sol.q)[valid],
+        "v": np.asarray(sol.v)[valid],
+        "holonomic_residual": np.asarray(sol.holonomic_residual)[valid],
+        "velocity_residual": np.asarray(sol.velocity_residual)[valid],
+    }
+    if sol.energy is not None:
+        data["energy"] = np.asarray(sol.energy)[valid]
+    npz_path = args.out / f"{case.name}.npz"
+    png_path = args.out / f"{case.name}.png"
+    interrupt = phases.interrupt
+    if ts.size:
+        def keep():  # the solve's rows, if stopped before they are written
+            np.savez(npz_path, **data)
+            return (f"wrote the solve's {ts.size:,} saved states to {npz_path} "
+                    "(no figure)")
+        interrupt.keep = keep
     if ts.size and case.reference is not None:
         phases.start("reference", f"computing the reference solution at the "
                      f"{ts.size:,} saved times")
@@ -578,19 +606,10 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
     else:
         ref = obs = ref_obs = obs_error = None
         names = ()
-    data = {
-        "ts": ts,
-        "q": np.asarray(sol.q)[valid],
-        "v": np.asarray(sol.v)[valid],
-        "holonomic_residual": np.asarray(sol.holonomic_residual)[valid],
-        "velocity_residual": np.asarray(sol.velocity_residual)[valid],
-    }
     if ref is not None:
         data.update(reference_q=np.asarray(ref.q), reference_v=np.asarray(ref.v),
                     observable=obs, reference_observable=ref_obs,
                     observable_error=obs_error)
-    if sol.energy is not None:
-        data["energy"] = np.asarray(sol.energy)[valid]
     summary = _errors(data, n_holonomic, n_nonholonomic, conservative)
 
     dt_taken = float(sol.dt)
@@ -668,8 +687,6 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
         "observable_names": list(names),
         "cdiff_version": cdiff.__version__,
     }
-    npz_path = args.out / f"{case.name}.npz"
-    png_path = args.out / f"{case.name}.png"
     written = []
     if ts.size:
         phases.start("plotting", f"plotting {png_path}")
@@ -678,18 +695,25 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
         if diverged:
             title += f" (diverged at t = {t_diverged:g} s)"
         data["settings"] = np.asarray(json.dumps(settings))
-        with np.errstate(all="ignore"):
+        with interrupt.writing(), np.errstate(all="ignore"):
             _run_figure.plot(png_path, data, names, title,
-                  coordinate_names=case.observable_names)
-        written.append(png_path)
+                             coordinate_names=case.observable_names)
+            written.append(png_path)
         phases.start("writing", f"writing {npz_path}")
         settings["plot_time_s"] = phases.times["plotting"]
         settings["wall_time_s"] = phases.total()  # (up to this write)
         data["settings"] = np.asarray(json.dumps(settings))
-        np.savez(npz_path, **data)
-        written.append(npz_path)
+        with interrupt.writing():
+            np.savez(npz_path, **data)
+            written.append(npz_path)
+            interrupt.keep = lambda: "wrote " + ", ".join(map(str, written))
         if animation_path is not None:
             phases.start("animation", f"animating the motion into {animation_path}")
+
+            def keep():  # an animation cut short is not kept
+                animation_path.unlink(missing_ok=True)
+                return "wrote " + ", ".join(map(str, written))
+            interrupt.keep = keep
             # The meaningful rows only (a diverged run's last rows are huge):
             # animate skips rows whose time is not finite.
             title = f"{case.name}, {args.formulation}"
@@ -764,9 +788,10 @@ def _errors(data: dict, n_holonomic: int, n_nonholonomic: int,
     }
 
 
-def _check_out(parser, option: str, directory: Path, names) -> None:
+def _check_out(parser, option: str, directory: Path, names) -> list[Path]:
     """`parser.error`, before the run, unless `directory` is (or can be created as)
-    a writable folder in which the files `names` can be written; creates it."""
+    a writable folder in which the files `names` can be written; creates it.
+    Returns the folders it created, outermost first."""
     if directory.exists() and not directory.is_dir():
         parser.error(f"{option} {directory}: exists and is not a directory")
     existing = directory
@@ -785,10 +810,12 @@ def _check_out(parser, option: str, directory: Path, names) -> None:
         if target.exists() and not os.access(target, os.W_OK):
             parser.error(f"{option} {directory}: cannot overwrite {target} "
                          "(permission denied)")
+    created = [p for p in [directory, *directory.parents] if not p.exists()][::-1]
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         parser.error(f"{option} {directory}: cannot create it ({e.strerror or e})")
+    return created
 
 
 def _animation_path(args, parser, model, name: str | None = None) -> Path | None:
@@ -824,7 +851,9 @@ def main(argv: list[str] | None = None) -> int:
     """
     # (The console script's process started before `main`: its Python and JAX
     # start-up counts in the wall time of `cdiff run`.)
-    phases = _Phases(_startup_time() if argv is None else 0.0)
+    # The console script (not a call from Python) stops at once on Ctrl-C.
+    phases = _Phases(_startup_time() if argv is None else 0.0,
+                     Interrupt().install() if argv is None else None)
     parser = _parser()
     args = parser.parse_args(argv)
     if args.command == "list":
@@ -836,8 +865,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "study":
             _cli_study.check(args, args.parser)
-            _check_out(args.parser, "--out", args.out, _cli_study.outputs(args))
-            return _cli_study.run(args)
+            phases.interrupt.created += _check_out(args.parser, "--out", args.out,
+                                                   _cli_study.outputs(args))
+            return _cli_study.run(args, phases.interrupt)
         return _run(args, args.parser, phases)
     except ValueError as e:
         print(f"cdiff: error: {e}", file=sys.stderr)

@@ -844,3 +844,85 @@ def test_loaded_models_label_coordinates_by_joint_name():
     assert names == ("base[0] [m]", "base[1] [m]", "base[2] [m]", "base[3] [-]",
                      "base[4] [-]", "base[5] [-]", "base[6] [-]", "knee [rad]",
                      "qpos[8] [m]")
+
+
+def test_ctrl_c_stops_the_solve_at_once(tmp_path):
+    """Ctrl-C during a compiled solve (which Python cannot interrupt): the command
+    stops within seconds, not when the solve returns, with one line saying so and
+    the shell's status 130; the --out folders it created, still empty, are gone."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "new" / "out"
+    env = {**os.environ, "CDIFF_COMPILATION_CACHE": str(tmp_path / "cache")}
+    # About 10^7 steps: minutes of solving.
+    command = [sys.executable, "-m", "cdiff.cli", "run", "slider-crank", "--t1",
+               "1e4", "--no-progress", "--out", str(out)]
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    lines = []
+    for line in process.stderr:
+        lines.append(line)
+        if "running from t = 0 to 10000 s" in line:
+            break
+    time.sleep(1.0)  # well inside the compiled call
+    assert process.poll() is None, "".join(lines)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - sent < 5.0
+    assert process.returncode == 130, stderr
+    assert stderr.strip().splitlines()[-1] == (
+        "cdiff: interrupted during the solve; nothing written")
+    assert "Traceback" not in stderr and "Exception ignored" not in stderr
+    assert stdout == ""
+    assert not (tmp_path / "new").exists()
+
+
+def test_ctrl_c_in_a_step_size_study_keeps_the_finished_formulations(
+        monkeypatch, tmp_path):
+    """What an interrupt of `cdiff study step-size` writes: the rows of the
+    formulations finished, here Ctrl-C pressed while the second one runs."""
+    from cdiff import _interrupt
+    from cdiff.studies import _sweeps
+
+    interrupts = []
+
+    class Recorded(_interrupt.Interrupt):
+        def __init__(self):
+            super().__init__()
+            interrupts.append(self)
+
+    class _Stop(Exception):
+        pass
+
+    class _Sweep:
+        def best_formulation(self):
+            return cdiff.Lagrange(alpha=5.0, beta=5.0)
+
+    run, calls = _sweeps._run, []
+
+    def run_until_the_second(*args, **kwargs):
+        calls.append(interrupts[0].during)
+        if len(calls) == 2:  # Ctrl-C now: what would the watcher write?
+            calls.append(interrupts[0].keep())
+            raise _Stop
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(cli, "Interrupt", Recorded)
+    monkeypatch.setattr(cdiff.studies, "gain_sweep", lambda *a, **k: _Sweep())
+    monkeypatch.setattr(_sweeps, "_run", run_until_the_second)
+    with pytest.raises(_Stop):
+        cli.main(["study", "step-size", "particle-on-circle", "--t1", "0.2",
+                  "--dts", "0.1", "0.05", "--no-time-each", "--out", str(tmp_path)])
+    csv = tmp_path / "particle-on-circle-step-size.csv"
+    assert calls == ["the step-size study", "the step-size study",
+                     f"wrote the 2 rows finished (Baumgarte (best gains)) to {csv} "
+                     f"and {csv.with_suffix('.npz')}"]
+    with np.load(csv.with_suffix(".npz")) as saved:
+        assert list(saved["formulation"]) == ["Baumgarte (best gains)"] * 2
+        np.testing.assert_array_equal(saved["dt"], [0.1, 0.05])
+        assert np.all(np.isfinite(saved["max_constraint_error"]))

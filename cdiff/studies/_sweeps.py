@@ -7,7 +7,7 @@ from __future__ import annotations
 import itertools
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -447,6 +447,7 @@ def step_size_study(
     repeat: int = 1,
     initial_state=None,
     progress: bool = True,
+    on_formulation: Callable[[StepSizeStudy], Any] | None = None,
 ) -> StepSizeStudy:
     r"""Accuracy against step size, every step size of a formulation through **one
     compiled program** (Braun & Goldfarb Fig. 4 (a)-(e)): on CPU run once per step
@@ -484,6 +485,8 @@ def step_size_study(
     - `repeat`: run each timed call this many times and keep the fastest.
     - `initial_state`: `(q0, v0)`, default `model.initial_state()`.
     - `progress`: a progress bar over the formulations.
+    - `on_formulation`: called with the table so far after each formulation
+      (e.g. to save a long study's finished rows as they come).
 
     **Returns:** a [`cdiff.studies.StepSizeStudy`][] table with columns
     `formulation`, `dt`, `steps`, the four error maxima, `time` (s per run),
@@ -500,6 +503,10 @@ def step_size_study(
     solver = RK4() if solver is None else solver
     rows: dict[str, list] = {k: [] for k in ("formulation", "dt", "steps", *_METRICS,
                                              "time", "batch_time", "compile_time")}
+    meta = {"model": repr(model), "t1": float(t1), "n_save": n_save,
+            "solver": type(solver).__name__}
+    title = (f"{type(model).__name__}: accuracy vs step size, t1 = {float(t1):g} s, "
+             f"{type(solver).__name__}")
     for name in _progress(list(named), progress, "step-size study"):
         measures, compile_time, batch_time, each = _run(
             model, named[name], solver, setup, dts, time_each, repeat)
@@ -512,10 +519,8 @@ def step_size_study(
             rows["time"].append(each[i])
             rows["batch_time"].append(batch_time)
             rows["compile_time"].append(compile_time)
-    meta = {"model": repr(model), "t1": float(t1), "n_save": n_save,
-            "solver": type(solver).__name__}
-    title = (f"{type(model).__name__}: accuracy vs step size, t1 = {float(t1):g} s, "
-             f"{type(solver).__name__}")
+        if on_formulation is not None:
+            on_formulation(StepSizeStudy(rows, dict(meta), title))
     return StepSizeStudy(rows, meta, title)
 
 
