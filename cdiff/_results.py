@@ -8,6 +8,7 @@ import contextvars
 import diffrax
 import equinox as eqx
 import jax
+import numpy as np
 
 #: The largest growth a solve may show before it is reported as diverged (the
 #: default of `cdiff.simulate(..., divergence=)`).
@@ -46,6 +47,22 @@ class RESULTS(diffrax.RESULTS):
         "least-squares minimum of |Phi_q|, see cdiff.analysis.inconsistency). Check "
         "the model's holonomic(t, q) rows and parameters."
     )
+
+
+# Equinox prints an item as `module.class<message>`, and diffrax's `successful`
+# has no message: a successful result printed as `cdiff._results.RESULTS<>`. It
+# prints as `cdiff.RESULTS<successful>` (`Solution.message` stays '' on success).
+RESULTS.__module__ = "cdiff"
+RESULTS._index_to_message[RESULTS.successful._value.item()] = "successful"
+
+
+def message(result) -> str:
+    """The text of a (concrete) result code, '' on success; of a batch of codes,
+    the array of their texts as a str."""
+    ok = RESULTS.successful._value.item()
+    text = np.vectorize(lambda i: "" if i == ok else RESULTS._index_to_message[i],
+                        otypes=[object])(np.asarray(result._value))
+    return str(text.astype(str)) if text.ndim else str(text.item())
 
 
 def is_concrete(*xs) -> bool:

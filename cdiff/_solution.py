@@ -16,6 +16,7 @@ from ._formulation.base import (AbstractFormulation, Context, applied_forces,
                                 mass_factor)
 from ._model import AbstractModel
 from ._results import RESULTS, is_concrete, solver_errors
+from ._results import message as result_message
 
 
 class Solution(eqx.Module):
@@ -161,8 +162,8 @@ class Solution(eqx.Module):
     def message(self) -> str:
         """The result as text ('' on success), with the time and configuration where
         the solve stopped when the solver reports them. Only outside `jit`."""
-        text = RESULTS[self.result]
-        if np.ndim(self.result._value) or np.ndim(text):  # batched: the codes' texts
+        text = result_message(self.result)
+        if np.ndim(self.result._value):  # batched: the codes' texts
             return text
         if self.result == RESULTS.diverged:
             text += f" First at t = {float(self.stats['t_diverged']):.9g} s."

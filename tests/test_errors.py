@@ -358,6 +358,12 @@ def test_blow_up_without_throw_reports_result():
     ok = _exploding_no_throw(Exploding(rate=1.0))
     assert ok.message == "" and ok.result == cdiff.RESULTS.successful
     assert bool(ok.succeeded)
+    # Results print under their public name, a success as such.
+    assert repr(ok.result) == "cdiff.RESULTS<successful>"
+    assert repr(sol.result).startswith("cdiff.RESULTS<Nonfinite")
+    # A batch's messages: '' for the successes.
+    both = jax.vmap(_exploding_no_throw)(Exploding(rate=jnp.array([1.0, 1000.0])))
+    assert both.message.startswith("['' 'Nonfinite")
     assert np.all(np.isfinite(np.asarray(ok.q)))
     # x'' = e^t from rest: x(2) = e^2 - 1 - 2 (RK4, dt = 0.1).
     np.testing.assert_allclose(ok.q[-1], np.full(2, np.exp(2.0) - 3.0), rtol=1e-6)
