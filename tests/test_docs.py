@@ -43,8 +43,20 @@ def test_mkdocs_build_strict(tmp_path):
     # page loads a script from elsewhere (MathJax came from a CDN, so offline every
     # page showed raw \( ... \)).
     site = tmp_path / "site"
-    assert (site / "javascripts" / "mathjax" / "MathJax.js").is_file()
-    assert (site / "javascripts" / "mathjax" / "jax" / "output" / "SVG").is_dir()
+    # The files MathJax loads with docs/javascripts/mathjax.js's configuration
+    # (checked in jsdom too: a page's maths then typesets to HTML-CSS spans).
+    mathjax = site / "javascripts" / "mathjax"
+    config = (ROOT / "docs" / "javascripts" / "mathjax.js").read_text()
+    needed = ["MathJax.js", "extensions/tex2jax.js",
+              "jax/output/HTML-CSS/fonts/STIX-Web/fontdata.js",
+              "fonts/HTML-CSS/STIX-Web/woff/STIXMathJax_Main-Regular.woff"]
+    needed += [f"config/{name}" for name in
+               re.findall(r'config: \["([^"]+)"\]', config)]
+    needed += [f"extensions/TeX/{name}" for name in re.findall(
+        r'"(\w+\.js)"', config.split("TeX: {", 1)[1].split("}", 1)[0])]
+    assert len(needed) == 9, needed
+    missing = [name for name in needed if not (mathjax / name).is_file()]
+    assert not missing, f"MathJax files missing from the site: {missing}"
     external = {}
     for page in site.rglob("*.html"):
         found = re.findall(r"<script[^>]*\bsrc=[\"']?((?:https?:)?//[^\"' >]+)",

@@ -10,9 +10,11 @@ import importlib.util
 import shutil
 from pathlib import Path
 
-# MathJax's web fonts and its HTML-CSS output are not used: the pages render with
-# its SVG output, whose glyphs are in its own scripts.
-_SKIP = ("fonts", "HTML-CSS")
+# The package is MathJax as Jupyter uses it: the combined configuration
+# `TeX-AMS-MML_HTMLorMML-full` (TeX input and the HTML-CSS output in one file) with
+# the STIX-Web fonts. Its SVG output holds only fonts, without the output itself:
+# left out, with the translations (English only).
+_SKIP = ("SVG", "localization")
 
 
 def _static() -> Path:

@@ -3,9 +3,10 @@
 // span/div.arithmatex) and of the notebooks (rendered by mkdocs-jupyter with their
 // $ $ and $$ $$ delimiters left in the text). Code blocks (pre, code) are never
 // typeset. Read by MathJax.js when it loads (the script after this one).
+// The configuration file that the package ships with MathJax 2.7 (TeX input,
+// HTML-CSS output and the STIX-Web web fonts, all served from the site).
 window.MathJax = {
-  jax: ["input/TeX", "output/SVG"],
-  extensions: ["tex2jax.js"],
+  config: ["TeX-AMS-MML_HTMLorMML-full.js"],
   TeX: { extensions: ["AMSmath.js", "AMSsymbols.js", "noErrors.js", "noUndefined.js"] },
   tex2jax: {
     inlineMath: [["\\(", "\\)"], ["$", "$"]],
@@ -13,7 +14,8 @@ window.MathJax = {
     processEscapes: true,
     processEnvironments: true,
   },
-  SVG: { font: "TeX" },
+  "HTML-CSS": { availableFonts: [], preferredFont: null, webFont: "STIX-Web",
+                imageFont: null },
   showMathMenu: false,
   messageStyle: "none",
 };
