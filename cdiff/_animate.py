@@ -12,10 +12,10 @@ import numpy as np
 
 from ._model import AbstractModel
 from ._sketch import Sketch
-from .models._reference import Reference
 
 if TYPE_CHECKING:
     from ._solution import Solution
+    from .models._reference import Reference
 
 _SUFFIXES = (".gif", ".mp4")
 

@@ -17,7 +17,7 @@ from ._model import has_energy
 from ._results import error_if
 from ._solution import Solution, Trajectory, build_solution
 from ._xla import compute_once
-from .control._state import (
+from ._formulation.controller import (
     AbstractStatefulController,
     ControllerState,
     check_controller,

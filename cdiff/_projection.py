@@ -21,9 +21,9 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, Int
 
-from ._formulation.base import checked_mass, mass_factor
 from ._kinematics import holonomic_jacobian, velocity_constraints
 from ._linalg import MassFactor, PseudoInverse, default_rtol, solve_triangular
+from ._mass import checked_mass, mass_factor
 from ._model import AbstractModel
 
 

@@ -12,8 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from ._formulation.base import (AbstractFormulation, Context, applied_forces,
-                                mass_factor)
+from ._animate import animate
+from ._formulation.base import AbstractFormulation, Context, applied_forces
+from ._formulation.controller import ControllerState
+from ._mass import mass_factor
 from ._model import AbstractModel
 from ._results import RESULTS, is_concrete, solver_errors
 from ._results import message as result_message
@@ -245,8 +247,6 @@ class Solution(eqx.Module):
 
         **Returns:** the `pathlib.Path` written.
         """
-        from ._animate import animate  # lazily: matplotlib only when asked
-
         return animate(model, self, path, **kwargs)
 
 
@@ -434,8 +434,6 @@ def _dynamics_of_solution(sol: Solution):
             f"{batch} that lead `ts` (a jax.vmap with out_axes other than 0?), so "
             "its constraint force, multipliers and rates cannot be computed; "
             "read them inside the vmap instead.")
-    from .control._state import ControllerState  # it imports this module's users
-
     context = eqx.combine(sol._context_arrays, sol._context_static.value)
     controlled = isinstance(context.formulation, ControllerState)
     ys = (sol.state, sol.controller_state) if controlled else sol.state

@@ -281,7 +281,7 @@ def test_acceptance_rk4():
     """10 s with UdwadiaKalaba and RK4 at the registry's step (40,000 steps),
     outputs every 0.1 s (the rate of the published reference curve)."""
     pytest.importorskip("mujoco.mjx")
-    out = cdiff.models.acceptance(NAME)
+    out = cdiff.studies.acceptance(NAME)
     # Measured: 2.8e-11 m (s), 4.0e-11 (q), 2.1e-8 (v), 7.2e-11 J; 106 to 141 s here
     # (about 55 s to compile, 25 s of steps, 12 s for the references).
     assert out["s_error"] < 3e-10
@@ -296,7 +296,7 @@ def test_acceptance_bdf():
     """10 s with cdiff.Lagrange and cdiff.BDF, an implicit solver whose steps the
     stiffness does not limit."""
     pytest.importorskip("mujoco.mjx")
-    out = cdiff.models.acceptance(NAME, cdiff.Lagrange(),
+    out = cdiff.studies.acceptance(NAME, cdiff.Lagrange(),
                              solver=cdiff.BDF(rtol=1e-8, atol=1e-8))
     # Measured: 1.3e-6 m (s), 1.5e-5 (q: the phase of phi), 8.2e-6 (v), 2.5e-4 J;
     # 139 s here, nearly all compilation (at 1e-10, reusing it: 2.8e-8 m (s),

@@ -230,7 +230,7 @@ def test_andrews_file_has_hairer_wanners_equations():
 # 150 s (A03) here, against a few seconds for a hand-written model: R2's test is
 # marked slow, R4's and A03's `acceptance` (outside the default run: `pytest -m
 # acceptance`; the files themselves are checked against their references above).
-# A02 and A04 (10 minutes and more) are run by cdiff.models.acceptance.
+# A02 and A04 (10 minutes and more) are run by cdiff.studies.acceptance.
 
 
 @functools.cache

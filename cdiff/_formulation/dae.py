@@ -32,8 +32,9 @@ from .base import (
     Context,
     Dynamics,
     applied_forces,
-    checked_mass,
+
 )
+from .._mass import checked_mass
 from .lagrange import Lagrange
 
 

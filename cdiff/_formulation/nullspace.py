@@ -21,8 +21,9 @@ from .base import (
     Dynamics,
     applied_forces,
     check_gains,
-    is_symmetric,
+
 )
+from .._mass import is_symmetric
 from .projection import projector
 
 

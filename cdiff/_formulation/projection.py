@@ -16,8 +16,9 @@ from .base import (
     Dynamics,
     applied_forces,
     check_gains,
-    checked_mass,
+
 )
+from .._mass import checked_mass
 
 Inertia = Literal["Mc", "Mc_sym", "Mc_gamma"]
 

@@ -55,5 +55,7 @@ from ._aghili import AbstractController as AbstractController
 from ._aghili import HybridForceMotion as HybridForceMotion
 from ._aghili import PassiveJoints as PassiveJoints
 from ._aghili import ProjectedInverseDynamics as ProjectedInverseDynamics
-from ._state import AbstractStatefulController as AbstractStatefulController
+from .._formulation.controller import (
+    AbstractStatefulController as AbstractStatefulController,
+)
 from ._yun_sarkar import ComputedTorque as ComputedTorque

@@ -44,7 +44,7 @@ from .._formulation.projection import projector
 from .._kinematics import kinematics, velocity_size
 from .._linalg import MassFactor, PseudoInverse, default_rtol
 from .._model import AbstractModel, input_matrix
-from ._state import AbstractStatefulController
+from .._formulation.controller import AbstractStatefulController
 
 # ---------------------------------------------------------------------------
 # Helpers.

@@ -4,6 +4,7 @@ stabilisation gains (one `jax.vmap`ped call each), sweeps larger than memory
 gradient-based tuning of controllers and identification of model parameters
 (optax)."""
 
+from ._acceptance import acceptance as acceptance
 from ._chunked import map_batches as map_batches
 from ._fit import Fit as Fit
 from ._fit import identify as identify

@@ -12,7 +12,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
-from .._formulation.base import AbstractFormulation, Context, Dynamics
+from .base import AbstractFormulation, Context, Dynamics
 from .._kinematics import kinematics
 from .._model import AbstractModel, input_matrix
 from .._results import error_if

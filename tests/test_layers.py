@@ -1,0 +1,159 @@
+"""The package's structure: each folder (or module) a layer, imports only downward.
+
+Parses every import in `cdiff/` (those inside functions too; those under
+`if TYPE_CHECKING:` are annotations and left out) and fails on an import of a
+higher layer and on a cycle among modules. `benchmarks/` has no cycle and no
+script named like a package it imports."""
+
+from __future__ import annotations
+
+import ast
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: The layers, lowest first: a module may import its own layer and those below.
+#: A name is a module or a package (all the modules under it).
+LAYERS = [
+    # Kernels: flags, result codes, linear algebra, drawings, the cache.
+    ["cdiff._xla", "cdiff._results", "cdiff._linalg", "cdiff._sketch", "cdiff._cache"],
+    # The model interface: what a model is, its kinematics and mass matrix.
+    ["cdiff._kinematics", "cdiff._model", "cdiff._mass"],
+    # Drawing a model's motion; projections onto the constraints.
+    ["cdiff._animate", "cdiff._projection", "cdiff._consistent"],
+    ["cdiff._formulation"],
+    # The driver: solution, problem, solvers, simulate.
+    ["cdiff._solution"],
+    ["cdiff._problem"],
+    ["cdiff._solver"],
+    ["cdiff._simulate"],
+    # Built on the driver.
+    ["cdiff.models", "cdiff.analysis", "cdiff.control"],
+    ["cdiff.studies"],
+    ["cdiff"],  # the package root: re-exports
+    ["cdiff.cli"],
+]
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _type_checking_lines(tree: ast.AST) -> set[int]:
+    lines = set()
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.If) and isinstance(node.test, ast.Name)
+                and node.test.id == "TYPE_CHECKING"):
+            for child in node.body:
+                lines.update(range(child.lineno, child.end_lineno + 1))
+    return lines
+
+
+def _imports(folder: str) -> dict[str, set[tuple[str, int]]]:
+    """Each module of `folder` -> the modules of `folder` it imports (and where)."""
+    paths = {_module_name(p): p for p in (ROOT / folder).rglob("*.py")}
+    if folder != "cdiff":  # scripts: imported by their bare names
+        paths = {p.stem: p for p in paths.values()}
+    edges: dict[str, set[tuple[str, int]]] = {m: set() for m in paths}
+    for module, path in paths.items():
+        tree = ast.parse(path.read_text(), str(path))
+        skip = _type_checking_lines(tree)
+        package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+        for node in ast.walk(tree):
+            if not isinstance(node, (ast.Import, ast.ImportFrom)) or node.lineno in skip:
+                continue
+            if isinstance(node, ast.Import):
+                targets = [a.name for a in node.names]
+            else:
+                base = node.module or ""
+                if node.level:
+                    parts = package.split(".")
+                    parts = parts[:len(parts) - node.level + 1]
+                    base = ".".join(parts + ([node.module] if node.module else []))
+                targets = [base] + [f"{base}.{a.name}" for a in node.names]
+            for target in targets:
+                if target in paths and target != module:
+                    edges[module].add((target, node.lineno))
+    return edges
+
+
+def _layer(module: str) -> int:
+    best, index = -1, None
+    for i, layer in enumerate(LAYERS):
+        for name in layer:
+            if (module == name or module.startswith(name + ".")) and len(name) > best:
+                best, index = len(name), i
+    assert index is not None, f"{module} is in no layer: add it to LAYERS"
+    return index
+
+
+def _cycles(edges) -> list[list[str]]:
+    """The cycles among modules (one per strongly connected component)."""
+    index, low, stack, on, out = {}, {}, [], set(), []
+
+    def visit(v):
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on.add(v)
+        for w, _ in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                out.append(sorted(component))
+
+    sys.setrecursionlimit(max(1000, 10 * len(edges)))
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return out
+
+
+#: Deprecation aliases, the only imports allowed upward (remove with the alias).
+DEPRECATED = {("cdiff.models", "cdiff.studies")}  # cdiff.models.acceptance
+
+
+def test_cdiff_imports_only_downward():
+    edges = _imports("cdiff")
+    upward = [f"{m} (layer {_layer(m)}) imports {t} (layer {_layer(t)}), line {line}"
+              for m, targets in sorted(edges.items())
+              for t, line in sorted(targets)
+              if _layer(t) > _layer(m) and (m, t) not in DEPRECATED]
+    assert not upward, "imports of a higher layer:\n" + "\n".join(upward)
+
+
+def test_cdiff_has_no_import_cycle():
+    edges = _imports("cdiff")
+    for m, t in DEPRECATED:
+        edges[m] = {(target, line) for target, line in edges[m] if target != t}
+    assert not _cycles(edges)
+
+
+def test_benchmarks_have_no_cycle_and_shadow_no_package():
+    edges = _imports("benchmarks")
+    assert not _cycles(edges)
+    shadowing = [name for name in edges
+                 if name in sys.stdlib_module_names
+                 or name in {"mujoco", "jax", "diffrax", "equinox", "scipy", "numpy",
+                             "matplotlib", "optax", "lineax", "optimistix", "cdiff"}]
+    assert not shadowing, f"benchmark scripts named like packages: {shadowing}"
+
+
+def test_the_checker_finds_what_it_should():
+    # Control: the layering above sees an upward import and a cycle when given one.
+    edges = {"a": {("b", 1)}, "b": {("c", 2)}, "c": {("a", 3)}, "d": set()}
+    assert _cycles(edges) == [["a", "b", "c"]]
+    assert _layer("cdiff._formulation.dae") > _layer("cdiff._projection")
+    assert _layer("cdiff.cli") > _layer("cdiff") > _layer("cdiff.studies")
