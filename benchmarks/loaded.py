@@ -42,10 +42,6 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-# Python puts this script's folder first on `sys.path`, where benchmarks/mujoco.py
-# would shadow the mujoco package: move it last.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import argparse
 import contextlib

@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import sys
 import time
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -45,10 +43,6 @@ import scipy.linalg
 
 jax.config.update("jax_enable_x64", True)
 
-# Python puts this folder first on sys.path, where benchmarks/mujoco.py would shadow
-# the mujoco package that cdiff.models.from_mujoco imports: move it last.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
 
 import cdiff  # noqa: E402
 from _record import record  # noqa: E402

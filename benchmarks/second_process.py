@@ -21,9 +21,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-# Python puts this script's folder first on `sys.path`, where benchmarks/mujoco.py
-# would shadow the mujoco package.
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != HERE]
 MODELS = {"gripper": HERE / "models" / "gripper.xml",
           "loop-walker": HERE / "models" / "loop_walker.xml"}
 

@@ -1,6 +1,6 @@
 """The shipped MJCF mechanisms through MuJoCo's own solver and through cdiff, in one run.
 
-    python benchmarks/mujoco.py [--mechanisms NAME ...] [--t1 T] [--dt DT]
+    python benchmarks/against_mujoco.py [--mechanisms NAME ...] [--t1 T] [--dt DT]
         [--mujoco-dt DT ...] [--save-dt 0.1] [--batch 64] [--repeats 2]
         [--energy-correction] [--quick] [--xla-options {default,cdiff}]
         [--cpu-devices N] [--record]
@@ -66,20 +66,13 @@ runs on one core; XLA may use every core. Needs `mujoco` and `mujoco-mjx`
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
-# This script is called like the `mujoco` package, and Python puts the script's
-# folder first on `sys.path`: move it last, so that `import mujoco` (here and in
-# cdiff) finds the package and `import _config` still finds the benchmarks' own.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE] + [str(_HERE)]
-
 import argparse
 import dataclasses
 import importlib.util
 import math
+import sys
 import time
+from pathlib import Path
 
 import equinox as eqx
 import jax
@@ -89,8 +82,8 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 _spec = importlib.util.find_spec("mujoco")
-if _spec is None or Path(_spec.origin or "").resolve() == Path(__file__).resolve():
-    raise SystemExit('benchmarks/mujoco.py needs mujoco and mujoco-mjx: '
+if _spec is None:
+    raise SystemExit('benchmarks/against_mujoco.py needs mujoco and mujoco-mjx: '
                      'pip install -e ".[bench]"')
 
 import _config
@@ -532,7 +525,7 @@ def main(argv=None):
     if args.record:
         uk = "UdwadiaKalaba(energy_correction=True)" if args.energy_correction \
             else "UdwadiaKalaba()"
-        record("mujoco.py",
+        record("against_mujoco.py",
                "The shipped MJCF files through MuJoCo C (`mj_step`, one trajectory, "
                "contacts off, from the first keyframe) and through cdiff "
                f"(`from_mujoco`, {uk}, RK4), and cdiff's hand-written R2/R4, "
