@@ -28,7 +28,7 @@ jax.config.update("jax_enable_x64", True)
 
 import cdiff  # noqa: E402
 from _record import record  # noqa: E402
-from cdiff._cli_study import DEFAULT_DTS, DEFAULT_GAINS  # noqa: E402
+from cdiff.cli._study import DEFAULT_DTS, DEFAULT_GAINS  # noqa: E402
 from cdiff.studies import _sweeps  # noqa: E402
 
 

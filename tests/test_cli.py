@@ -16,7 +16,9 @@ import cdiff
 
 # private on purpose: the TeX-to-text converter of `cdiff list` and the figure
 # layout of `cdiff run` are kernels that no public call returns.
-from cdiff import _plain_text, _run_figure, cli
+from cdiff import cli
+from cdiff.cli import _figure
+from cdiff.cli import _plain_text
 
 
 def _table_value(out: str, key: str) -> float:
@@ -136,7 +138,7 @@ def test_run_figure_panels(short_run):
     # One quantity with one unit per panel, named by the axes' gid.
     _, _, folder, _ = short_run
     with np.load(folder / "slider-crank.npz") as data:
-        fig = _run_figure.figure(dict(data), ("slider x_s [m]",), "title")
+        fig = _figure.figure(dict(data), ("slider x_s [m]",), "title")
     panels = [ax.get_gid() for ax in fig.axes]
     assert panels == ["observable[m]", "error[m]", "position residual",
                       "velocity residual", "energy"]
@@ -160,7 +162,7 @@ def test_figure_of_a_long_run_windows_and_envelopes(tmp_path):
             "holonomic_residual": np.zeros((ts.size, 0)),
             "velocity_residual": np.zeros((ts.size, 0)),
             "energy": np.full(ts.size, 3.0)}
-    fig = _run_figure.figure(data, ("x [m]", "y [m]", "phi [rad]"), "long run")
+    fig = _figure.figure(data, ("x [m]", "y [m]", "phi [rad]"), "long run")
     axes = {ax.get_gid(): ax for ax in fig.axes}
     assert list(axes) == ["observable[m]:first", "observable[m]:last",
                           "observable[rad]:first", "observable[rad]:last",
@@ -177,11 +179,11 @@ def test_figure_of_a_long_run_windows_and_envelopes(tmp_path):
     # The error panels: one line per observable of that unit, the upper envelope
     # over 400 bins.
     assert [line.get_label() for line in axes["error[m]"].lines] == ["x", "y"]
-    assert len(axes["error[m]"].lines[0].get_xdata()) == _run_figure.BINS
+    assert len(axes["error[m]"].lines[0].get_xdata()) == _figure.BINS
     assert "maximum over 0.5 s" in axes["error[m]"].get_title(loc="right")
     # |E - E0| is exactly 0: said, not left out silently.
     assert "exactly 0 throughout" in axes["energy"].texts[0].get_text()
-    _run_figure.plot(tmp_path / "long.png", data, ("x [m]", "y [m]", "phi [rad]"), "t")
+    _figure.plot(tmp_path / "long.png", data, ("x [m]", "y [m]", "phi [rad]"), "t")
     assert (tmp_path / "long.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -401,7 +403,7 @@ def test_plot_leaves_out_non_finite_values(tmp_path):
             "observable": huge[:, None], "reference_observable": ts[:, None],
             "observable_error": huge}
     with np.errstate(all="ignore"):
-        _run_figure.plot(tmp_path / "a.png", data, ("x",), "non-finite rows")
+        _figure.plot(tmp_path / "a.png", data, ("x",), "non-finite rows")
     assert (tmp_path / "a.png").read_bytes()[:4] == b"\x89PNG"
 
 
@@ -886,7 +888,7 @@ def test_ctrl_c_in_a_step_size_study_keeps_the_finished_formulations(
         monkeypatch, tmp_path):
     """What an interrupt of `cdiff study step-size` writes: the rows of the
     formulations finished, here Ctrl-C pressed while the second one runs."""
-    from cdiff import _interrupt
+    from cdiff.cli import _interrupt
     from cdiff.studies import _sweeps
 
     interrupts = []

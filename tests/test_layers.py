@@ -32,7 +32,7 @@ LAYERS = [
     ["cdiff.models", "cdiff.analysis", "cdiff.control"],
     ["cdiff.studies"],
     ["cdiff"],  # the package root: re-exports
-    ["cdiff.cli"],
+    ["cdiff.cli"],  # the command line, on the public API
 ]
 
 

@@ -10,7 +10,6 @@ import math
 from collections.abc import Callable
 from pathlib import Path
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 

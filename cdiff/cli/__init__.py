@@ -58,11 +58,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import cdiff
-from cdiff import _cli_study, _run_figure
-from cdiff import _plain_text as _text
+from cdiff.cli import _figure
+from cdiff.cli import _plain_text as _text
+from cdiff.cli import _study
 from cdiff._animate import check_target as check_animation_target
 from cdiff._cache import cli_compilation_cache
-from cdiff._interrupt import Interrupt
+from cdiff.cli._interrupt import Interrupt
 from cdiff._model import check_model
 from cdiff._model import has_energy as model_has_energy
 from cdiff.models import MJCF_LIBRARY, MODELS
@@ -243,7 +244,7 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--animate", nargs="?", const=True, metavar="PATH",
                      help="also write an animation of the motion: DIR/MODEL.gif, or "
                      "PATH (.gif or .mp4, which needs ffmpeg); planar models only")
-    _cli_study.add_parser(sub, _number)
+    _study.add_parser(sub, _number)
     return parser
 
 
@@ -696,7 +697,7 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
             title += f" (diverged at t = {t_diverged:g} s)"
         data["settings"] = np.asarray(json.dumps(settings))
         with interrupt.writing(), np.errstate(all="ignore"):
-            _run_figure.plot(png_path, data, names, title,
+            _figure.plot(png_path, data, names, title,
                              coordinate_names=case.observable_names)
             written.append(png_path)
         phases.start("writing", f"writing {npz_path}")
@@ -864,15 +865,12 @@ def main(argv: list[str] | None = None) -> int:
     cli_compilation_cache()
     try:
         if args.command == "study":
-            _cli_study.check(args, args.parser)
+            _study.check(args, args.parser)
             phases.interrupt.created += _check_out(args.parser, "--out", args.out,
-                                                   _cli_study.outputs(args))
-            return _cli_study.run(args, phases.interrupt)
+                                                   _study.outputs(args))
+            return _study.run(args, phases.interrupt)
         return _run(args, args.parser, phases)
     except ValueError as e:
         print(f"cdiff: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 import cdiff
-from cdiff._interrupt import Interrupt
+from cdiff.cli._interrupt import Interrupt
 from cdiff._model import has_energy
 from cdiff.models import MODELS
 from cdiff.studies._table import with_extension
