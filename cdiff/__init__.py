@@ -22,8 +22,6 @@ from ._formulation.dae import AbstractDAEFormulation as AbstractDAEFormulation
 from ._formulation.dae import GGL as GGL
 from ._formulation.dae import IndexOne as IndexOne
 from ._formulation.lagrange import Lagrange as Lagrange
-from ._formulation.nullspace import AbstractStateFeedback as AbstractStateFeedback
-from ._formulation.nullspace import ControlAffine as ControlAffine
 from ._formulation.nullspace import NullSpace as NullSpace
 from ._formulation.projection import Projection as Projection
 from ._formulation.regularized import Regularized as Regularized
@@ -50,9 +48,23 @@ from ._solver.rk4 import RK4 as RK4
 from ._xla import compiler_options as compiler_options
 from ._cache import use_compilation_cache as use_compilation_cache
 
-DAEResults = RESULTS
-"""The former name of [`cdiff.RESULTS`][] (when only [`cdiff.BDF`][] had codes of its
-own)."""
+#: Former names: `DAEResults` (when only `cdiff.BDF` had codes of its own), the
+#: state-feedback interface (with its siblings in `cdiff.control` now).
+_RENAMED = {"DAEResults": ("cdiff.RESULTS", RESULTS),
+            "AbstractStateFeedback": ("cdiff.control.AbstractStateFeedback",
+                                      control.AbstractStateFeedback),
+            "ControlAffine": ("cdiff.control.ControlAffine", control.ControlAffine)}
+
+
+def __getattr__(name: str):
+    if name in _RENAMED:
+        new, value = _RENAMED[name]
+        import warnings
+
+        warnings.warn(f"cdiff.{name} is deprecated: use {new}", DeprecationWarning,
+                      stacklevel=2)
+        return value
+    raise AttributeError(f"module 'cdiff' has no attribute {name!r}")
 
 try:
     __version__ = _metadata.version("cdiff")
@@ -61,8 +73,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
 
 __all__ = [
     "AbstractDAEFormulation", "AbstractFormulation", "AbstractModel",
-    "AbstractProjection", "AbstractStateFeedback", "BDF", "Context", "ControlAffine",
-    "DAEResults", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "IndexOne",
+    "AbstractProjection", "BDF", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "IndexOne",
     "Kinematics", "Lagrange", "NewtonProjection", "NullSpace", "Projected",
     "Projection", "RESULTS", "RK4", "Regularized", "SaveAt", "Sketch", "Solution",
     "Terms", "UdwadiaKalaba", "analysis", "animate", "compiler_options",

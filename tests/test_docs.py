@@ -95,6 +95,21 @@ def test_the_package_lists_its_public_names():
     assert {"analysis", "control", "models", "studies"} <= set(cdiff.__all__)
 
 
+def test_former_names_warn_and_point_to_the_new_ones():
+    import cdiff
+
+    for old, new in [("DAEResults", cdiff.RESULTS),
+                     ("AbstractStateFeedback", cdiff.control.AbstractStateFeedback),
+                     ("ControlAffine", cdiff.control.ControlAffine)]:
+        with pytest.warns(DeprecationWarning, match=f"cdiff.{old} is deprecated"):
+            assert getattr(cdiff, old) is new
+        assert old not in cdiff.__all__
+    with pytest.warns(DeprecationWarning, match="now cdiff.studies.acceptance"):
+        assert cdiff.models.acceptance is cdiff.studies.acceptance
+    with pytest.raises(AttributeError, match="no attribute 'nothing'"):
+        cdiff.nothing  # noqa: B018
+
+
 def _api_entries() -> dict[str, str]:
     entries = {}
     for page in sorted((DOCS / "api").glob("*.md")):

@@ -208,7 +208,7 @@ def test_user_controller():
 # -- AbstractStateFeedback -------------------------------------------------------
 
 
-class DampTheSpeed(cdiff.AbstractStateFeedback):
+class DampTheSpeed(cdiff.control.AbstractStateFeedback):
     """Feedback linearisation on Yun-Sarkar's eq. 28: the input that makes the
     tangential part of q'' + k q' vanish, S^T (S nu' + gamma + k q') = 0, so that the
     speed along the circle decays as exp(-k t)."""

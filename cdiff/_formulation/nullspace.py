@@ -35,7 +35,7 @@ class ControlAffine(eqx.Module):
       \ddot q = S\dot\nu + \gamma,$$
 
     with $f_\nu = (S^TMS)^{-1}S^T(Q - M\gamma)$ and $g_\nu = (S^TMS)^{-1}S^TE$.
-    This is what a [`cdiff.AbstractStateFeedback`][] controller receives.
+    This is what a [`cdiff.control.AbstractStateFeedback`][] controller receives.
 
     **Fields:** `q`, `nu` (the state), `qdot` (the velocity $S\nu + \eta$; the
     coordinates move at `model.position_rate(t, q, qdot)`), `S` (the null-space
@@ -58,7 +58,7 @@ class AbstractStateFeedback(eqx.Module):
 
     Pass it to [`cdiff.simulate`][] as `control=` with `NullSpace`: at every
     evaluation of the vector field, `NullSpace` calls `feedback(t, system)` with
-    the [`cdiff.ControlAffine`][] terms at the current state $(q, \nu)$ and
+    the [`cdiff.control.ControlAffine`][] terms at the current state $(q, \nu)$ and
     applies $E(t, q)u$. Subclasses implement `feedback`; see
     [`cdiff.control.ComputedTorque`][].
     """
@@ -90,9 +90,9 @@ class NullSpace(AbstractFormulation):
       \qquad \gamma = \dot S\nu + \dot\eta,$$
 
     exposed as `f(x)` and `g(x)` ([`cdiff.NullSpace.f`][], [`cdiff.NullSpace.g`][])
-    and, term by term, as [`cdiff.ControlAffine`][] (`control_affine`) for
+    and, term by term, as [`cdiff.control.ControlAffine`][] (`control_affine`) for
     controller design. ($Q$ carries $-V - G$ of the paper.) A state-feedback
-    controller $u(t, x)$ ([`cdiff.AbstractStateFeedback`][], e.g.
+    controller $u(t, x)$ ([`cdiff.control.AbstractStateFeedback`][], e.g.
     [`cdiff.control.ComputedTorque`][]) passed as `simulate(..., control=...)`
     receives these terms at every evaluation.
 
@@ -264,7 +264,7 @@ class NullSpace(AbstractFormulation):
     def control_affine(self, t, x, context: Context) -> ControlAffine:
         r"""The terms of the control-affine state equation (eq. 28) at the state
         `x = (q, nu, R)`: $\dot q = S\nu + \eta$,
-        $\dot\nu = f_\nu(x) + g_\nu(x)u$ (see [`cdiff.ControlAffine`][])."""
+        $\dot\nu = f_\nu(x) + g_\nu(x)u$ (see [`cdiff.control.ControlAffine`][])."""
         q, nu, R = x
         return self._control_affine(t, q, nu, self._terms(t, q, nu, R, context),
                                     context)

@@ -19,8 +19,9 @@ multipliers.
   coordinates receive no force (eqs. 53-62), with the controllability check.
 - [`cdiff.control.ComputedTorque`][]: computed-torque state feedback on Yun &
   Sarkar's control-affine form (eq. 28) of [`cdiff.NullSpace`][]. It is a
-  [`cdiff.AbstractStateFeedback`][]: `NullSpace` calls its `feedback(t, system)`
-  with the terms of $\dot x = f(x) + g(x)u$ at the state $(q, \nu)$ instead of
+  [`cdiff.control.AbstractStateFeedback`][]: `NullSpace` calls its
+  `feedback(t, system)` with the terms of $\dot x = f(x) + g(x)u$ at the state
+  $(q, \nu)$ (a [`cdiff.control.ControlAffine`][]) instead of
   `controller(t, q, v)`.
 - [`cdiff.control.AbstractStatefulController`][]: the interface of a controller
   with state (`init_state`, `input`, `state_rate`, and `measures` to read the
@@ -58,4 +59,6 @@ from ._aghili import ProjectedInverseDynamics as ProjectedInverseDynamics
 from .._formulation.controller import (
     AbstractStatefulController as AbstractStatefulController,
 )
+from .._formulation.nullspace import AbstractStateFeedback as AbstractStateFeedback
+from .._formulation.nullspace import ControlAffine as ControlAffine
 from ._yun_sarkar import ComputedTorque as ComputedTorque

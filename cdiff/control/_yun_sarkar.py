@@ -23,7 +23,7 @@ class ComputedTorque(AbstractStateFeedback):
     angles to track; $k \le$ the number of degrees of freedom) and $H =
     \partial h/\partial q$, the state equation gives
     $\ddot y = H(S\dot\nu + \gamma) + \dot H\dot q$ and $\dot\nu = f_\nu + g_\nu u$
-    ([`cdiff.ControlAffine`][]), so
+    ([`cdiff.control.ControlAffine`][]), so
 
     $$\ddot y = D(x)\,u + c(x), \qquad D = HSg_\nu, \qquad
       c = H(Sf_\nu + \gamma) + \dot H\dot q .$$
