@@ -10,7 +10,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 import cdiff
-from cdiff import _xla
+from cdiff import _compiler
 
 OPTIONS = ("default", "cdiff")
 KERNELS = ("diffrax", "cdiff")
@@ -47,7 +47,7 @@ def options(name: str) -> dict:
     option itself (also where `import cdiff` already put it in XLA_FLAGS);
     `default`, none. Compare with JAX's own defaults under `CDIFF_XLA_FLAGS=0`,
     which keeps `import cdiff` from setting XLA_FLAGS."""
-    return _xla.cpu_options() if name == "cdiff" else {}
+    return _compiler.cpu_options() if name == "cdiff" else {}
 
 
 @contextlib.contextmanager
@@ -56,15 +56,15 @@ def kernels(name: str):
     `diffrax.diffeqsolve` and the vector field as written; `cdiff`: its own RK4 loop
     and `compute_once`). Clears JAX's caches on entry and exit so that nothing
     traced with the other kernels is reused."""
-    from cdiff import _simulate, _xla
+    from cdiff import _reschedule, _simulate
 
-    saved = _simulate._OWN_LOOP, _xla.ENABLED
-    _simulate._OWN_LOOP = _xla.ENABLED = name == "cdiff"
+    saved = _simulate._OWN_LOOP, _reschedule.ENABLED
+    _simulate._OWN_LOOP = _reschedule.ENABLED = name == "cdiff"
     jax.clear_caches()
     try:
         yield
     finally:
-        _simulate._OWN_LOOP, _xla.ENABLED = saved
+        _simulate._OWN_LOOP, _reschedule.ENABLED = saved
         jax.clear_caches()
 
 
@@ -72,11 +72,11 @@ def describe(args) -> str:
     """One sentence for RESULTS.md."""
     chosen = args.xla_options if isinstance(args.xla_options, list) else [args.xla_options]
     text = {"default": "no compiler options",
-            "cdiff": f"the CPU option `{_xla.cpu_options()}`"}
+            "cdiff": f"the CPU option `{_compiler.cpu_options()}`"}
     flags = {"set": "set by `import cdiff`", "yours": "set by the caller",
              "off": "not set (CDIFF_XLA_FLAGS=0: JAX's defaults)",
              "too late": "not set (backend started first)",
-             "unknown": "unknown to this jaxlib"}[_xla.FLAGS_STATUS]
+             "unknown": "unknown to this jaxlib"}[_compiler.FLAGS_STATUS]
     return (f"Compiler options: {'; '.join(text[c] for c in chosen)}; the option "
             f"in XLA_FLAGS: {flags}. "
             f"{jax.device_count()} {jax.devices()[0].platform} device(s), batches "

@@ -143,7 +143,7 @@ def main(argv=None):
     parser.add_argument("--cli-t1", type=float, default=300.0)
     parser.add_argument("--record", action="store_true")
     args = parser.parse_args(argv)
-    from cdiff import _xla
+    from cdiff import _compiler
 
     steps = args.batch * STEPS
     lines = ["| call | compile [s] | run [s] | steps/s | / NumPy |",
@@ -189,13 +189,13 @@ def main(argv=None):
     table = "\n".join(lines)
     print(table)
     print(f"max |q_numpy - q_cdiff| = {diff:.2e}; XLA option at import: "
-          f"{_xla.FLAGS_STATUS}")
+          f"{_compiler.FLAGS_STATUS}")
     if args.record:
         record("default_speed.py",
                "R2, UdwadiaKalaba (constraint + energy "
                f"correction), RK4, dt = 1e-2, {STEPS} steps, float64, batch "
                f"{args.batch}, one JAX device, no compiler options passed (the XLA "
-               f"option in XLA_FLAGS: {_xla.FLAGS_STATUS}); best of {args.repeats}. "
+               f"option in XLA_FLAGS: {_compiler.FLAGS_STATUS}); best of {args.repeats}. "
                f"NumPy agrees to {diff:.1e}.", table)
 
 

@@ -3,7 +3,7 @@
 import importlib.metadata as _metadata
 
 # First, before anything can start JAX's backend: XLA reads XLA_FLAGS once.
-from ._xla import configure_xla_flags as _configure_xla_flags
+from ._compiler import configure_xla_flags as _configure_xla_flags
 
 _configure_xla_flags()
 
@@ -45,7 +45,7 @@ from ._projection import (
 )
 from ._solver.projected import Projected as Projected
 from ._solver.rk4 import RK4 as RK4
-from ._xla import compiler_options as compiler_options
+from ._compiler import compiler_options as compiler_options
 from ._cache import use_compilation_cache as use_compilation_cache
 
 #: Former names: `DAEResults` (when only `cdiff.BDF` had codes of its own), the

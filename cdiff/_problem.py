@@ -16,7 +16,7 @@ from ._kinematics import Terms
 from ._model import has_energy
 from ._results import error_if
 from ._solution import Solution, Trajectory, build_solution
-from ._xla import compute_once
+from ._reschedule import compute_once
 from ._formulation.controller import (
     AbstractStatefulController,
     ControllerState,

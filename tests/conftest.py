@@ -21,7 +21,7 @@ TEST_XLA_FLAG = "xla_cpu_use_fusion_emitters"
 
 def _jaxlib_knows(flag: str) -> bool:
     """Whether jaxlib's XLA defines `flag` (XLA aborts on an unknown one): the name
-    is in the shared library that parses XLA_FLAGS. (`cdiff._xla` has the same
+    is in the shared library that parses XLA_FLAGS. (`cdiff._compiler` has the same
     probe, but importing cdiff here would set its own flag in the environment the
     test workers inherit.)"""
     for path in Path(jaxlib.__file__).parent.glob("*.so"):

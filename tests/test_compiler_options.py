@@ -18,7 +18,7 @@ import pytest
 import cdiff
 
 # private on purpose: tests the probe of the options the pinned jaxlib knows.
-from cdiff import _xla
+from cdiff import _compiler
 
 CPU = jax.default_backend() == "cpu"
 ROOT = Path(__file__).resolve().parent.parent
@@ -58,11 +58,11 @@ with warnings.catch_warnings(record=True) as caught:
     import cdiff
 sys.path.insert(0, "tests")
 from test_compiler_options import _batch, _dq
-from cdiff import _xla
+from cdiff import _compiler
 lowered = jax.jit(_batch).lower(_dq())
 plain = lowered.compile()
 tuned = lowered.compile(cdiff.compiler_options())
-np.savez(sys.argv[1], plain=np.asarray(plain(_dq())), status=_xla.FLAGS_STATUS,
+np.savez(sys.argv[1], plain=np.asarray(plain(_dq())), status=_compiler.FLAGS_STATUS,
          options=repr(cdiff.compiler_options()),
          ynn_plain="__ynn_fusion" in plain.as_text(),
          ynn_tuned="__ynn_fusion" in tuned.as_text(),
@@ -74,10 +74,10 @@ def _run(tmp_path, *args, **env):
     """`_PROGRAM` in a new process (XLA reads XLA_FLAGS once, at its start)."""
     out = tmp_path / "out.npz"
     environ = {k: v for k, v in os.environ.items()
-               if k not in ("XLA_FLAGS", _xla.ENV)}
+               if k not in ("XLA_FLAGS", _compiler.ENV)}
     # The suite's own flag (conftest.py) is kept, so that results compare with
     # this process's; cdiff's flag is what the new process decides.
-    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if _xla._FLAG not in f]
+    kept = [f for f in os.environ.get("XLA_FLAGS", "").split() if _compiler._FLAG not in f]
     if kept and "XLA_FLAGS" not in env:
         environ["XLA_FLAGS"] = " ".join(kept)
     subprocess.run([sys.executable, "-c", _PROGRAM, str(out), *args],
@@ -88,17 +88,17 @@ def _run(tmp_path, *args, **env):
 
 def test_backends():
     assert cdiff.compiler_options("gpu") == {}
-    options = _xla.cpu_options()
+    options = _compiler.cpu_options()
     assert isinstance(options, dict)
     options["mutated"] = "1"  # a new dict each call
-    assert "mutated" not in _xla.cpu_options()
+    assert "mutated" not in _compiler.cpu_options()
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
 def test_set_at_import_and_results_unchanged(tmp_path):
     # This process imported cdiff before any JAX computation: the flag is in the
     # environment (a jaxlib that drops it fails here instead of slowing down).
-    assert _xla.FLAGS_STATUS == "set", _xla.FLAGS_STATUS
+    assert _compiler.FLAGS_STATUS == "set", _compiler.FLAGS_STATUS
     assert "--xla_cpu_experimental_ynn_fusion_type=" in os.environ["XLA_FLAGS"]
     assert cdiff.compiler_options() == {}
     compiled = jax.jit(_batch).lower(_dq()).compile()
@@ -143,12 +143,12 @@ def test_map_batches_options():
 def test_unknown_option_falls_back(monkeypatch):
     """A jaxlib without the option: the probe compile fails and the dict is empty,
     and the flag is not put in XLA_FLAGS (XLA aborts on an unknown flag)."""
-    monkeypatch.setattr(_xla, "_CPU", {"xla_cpu_no_such_option": ""})
-    _xla._supported_cpu_options.cache_clear()
+    monkeypatch.setattr(_compiler, "_CPU", {"xla_cpu_no_such_option": ""})
+    _compiler._supported_cpu_options.cache_clear()
     try:
-        assert _xla.cpu_options() == {}
-        assert not _xla._jaxlib_knows("xla_cpu_no_such_option")
-        assert _xla._jaxlib_knows("xla_cpu_experimental_ynn_fusion_type")
+        assert _compiler.cpu_options() == {}
+        assert not _compiler._jaxlib_knows("xla_cpu_no_such_option")
+        assert _compiler._jaxlib_knows("xla_cpu_experimental_ynn_fusion_type")
     finally:
         monkeypatch.undo()
-        _xla._supported_cpu_options.cache_clear()
+        _compiler._supported_cpu_options.cache_clear()

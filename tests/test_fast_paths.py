@@ -1,6 +1,6 @@
 """The two speed paths of `cdiff.simulate`, each against the general one:
 
-* `compute_once` (cdiff/_xla.py): a vector field evaluated with every distinct
+* `compute_once` (cdiff/_reschedule.py): a vector field evaluated with every distinct
   transcendental function computed once gives the same numbers as the plain
   evaluation, under jit, vmap, jvp and grad, and the compiled CPU program holds one
   sine and one cosine per angle where the plain one recomputes them in every fused
@@ -24,7 +24,7 @@ from helpers import Exploding
 import cdiff
 
 # private on purpose: this file tests the fast paths' kernels and route choices.
-from cdiff import _simulate, _xla
+from cdiff import _reschedule, _simulate
 
 CPU = jax.default_backend() == "cpu"
 MODEL = cdiff.models.SliderCrank()
@@ -59,7 +59,7 @@ def _assert_tree_equal(a, b, rtol=0.0, atol=0.0):
 
 def test_compute_once_same_values_under_transformations():
     context = _context()
-    fast = _xla.compute_once(_rate)
+    fast = _reschedule.compute_once(_rate)
     q, v = _states()
     batched = jax.jit(jax.vmap(lambda q, v: fast(0.0, (q, v), context)))
     plain = jax.jit(jax.vmap(lambda q, v: _rate(0.0, (q, v), context)))
@@ -99,7 +99,7 @@ def test_compute_once_one_evaluation_per_angle():
         fn = jax.jit(jax.vmap(lambda q, v: f(0.0, (q, v), context)))
         return fn.lower(q, v).compile(cdiff.compiler_options()).as_text()
 
-    fast, plain = compiled(_xla.compute_once(_rate)), compiled(_rate)
+    fast, plain = compiled(_reschedule.compute_once(_rate)), compiled(_rate)
     # Two angles (crank and rod): one sine and one cosine each.
     assert _count(fast, "sine") == 2 and _count(fast, "cosine") == 2
     # Without it XLA recomputes them inside every fused loop that reads them.
@@ -112,7 +112,7 @@ def test_compute_once_static_arguments_and_errors():
         y = eqx.error_if(x, x < 0, "negative input")
         return {"s": jnp.sin(y) * scale, "c": jnp.cos(y), "none": None}
 
-    fast = _xla.compute_once(f)
+    fast = _reschedule.compute_once(f)
     out = jax.jit(fast, static_argnums=2)(jnp.asarray(0.5), jnp.asarray(2.0), "static")
     assert out["none"] is None
     np.testing.assert_allclose(out["s"], 2 * np.sin(0.5), rtol=1e-15)

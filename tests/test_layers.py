@@ -17,7 +17,8 @@ ROOT = Path(__file__).resolve().parents[1]
 #: A name is a module or a package (all the modules under it).
 LAYERS = [
     # Kernels: flags, result codes, linear algebra, drawings, the cache.
-    ["cdiff._xla", "cdiff._results", "cdiff._linalg", "cdiff._sketch", "cdiff._cache"],
+    ["cdiff._compiler", "cdiff._reschedule", "cdiff._results", "cdiff._linalg",
+     "cdiff._sketch", "cdiff._cache"],
     # The model interface: what a model is, its kinematics and mass matrix.
     ["cdiff._kinematics", "cdiff._model", "cdiff._mass"],
     # Drawing a model's motion; projections onto the constraints.

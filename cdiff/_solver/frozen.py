@@ -13,7 +13,7 @@ from diffrax._root_finder import use_stepsize_tol
 from .._formulation.base import AbstractFormulation
 from .._problem import Problem, frozen_placeholder
 from .._solution import Trajectory
-from .._xla import compute_once
+from .._reschedule import compute_once
 from .base import AbstractForwardingSolver, innermost, replace_innermost
 
 

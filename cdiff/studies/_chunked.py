@@ -21,7 +21,7 @@ import equinox as eqx
 import jax
 import numpy as np
 
-from .._xla import compiler_options as _default_options
+from .._compiler import compiler_options as _default_options
 
 _NAME = "cdiff.studies.map_batches"
 _FORMAT = "cdiff.studies.map_batches checkpoint, version 2"

@@ -27,7 +27,7 @@ from .._solution import Trajectory
 from .._solver.frozen import diffrax_problem
 from .._solver.grid import UniformGrid, grid_solve
 from .._solver.rk4 import RK4
-from .._xla import compiler_options
+from .._compiler import compiler_options
 from ._chunked import _sweep
 from ._table import Table
 
