@@ -52,19 +52,20 @@ def options(name: str) -> dict:
 
 @contextlib.contextmanager
 def kernels(name: str):
-    """Within: `cdiff.simulate` traces with the kernels called `name` (`diffrax`:
-    `diffrax.diffeqsolve` and the vector field as written; `cdiff`: its own RK4 loop
-    and `compute_once`). Clears JAX's caches on entry and exit so that nothing
-    traced with the other kernels is reused."""
-    from cdiff import _reschedule, _simulate
+    """Within: `cdiff.simulate` traces the vector field with the kernels called
+    `name` (`diffrax`: as written; `cdiff`: through `compute_once`); yields the
+    solver to pass (`diffrax`: `cdiff.RK4(own_loop=False)`, diffrax.diffeqsolve;
+    `cdiff`: its own RK4 loop). Clears JAX's caches on entry and exit so that
+    nothing traced with the other kernels is reused."""
+    from cdiff import _reschedule
 
-    saved = _simulate._OWN_LOOP, _reschedule.ENABLED
-    _simulate._OWN_LOOP = _reschedule.ENABLED = name == "cdiff"
+    saved = _reschedule.ENABLED
+    _reschedule.ENABLED = name == "cdiff"
     jax.clear_caches()
     try:
-        yield
+        yield cdiff.RK4(own_loop=name == "cdiff")
     finally:
-        _simulate._OWN_LOOP, _reschedule.ENABLED = saved
+        _reschedule.ENABLED = saved
         jax.clear_caches()
 
 

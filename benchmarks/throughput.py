@@ -43,7 +43,7 @@ DT = 1e-2
 
 
 def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None,
-           options: str):
+           options: str, solver=None):
     """A jitted function of a `(batch, nq)` perturbation returning final states,
     compiled with the XLA options called `options`, and the perturbation (sharded
     over the devices)."""
@@ -53,7 +53,7 @@ def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None,
 
     def one(dq):
         sol = cdiff.simulate(model, FORMULATION, q0 + dq, v0, t1=t1, dt=DT,
-                             saveat=cdiff.SaveAt(t1=True))
+                             saveat=cdiff.SaveAt(t1=True), solver=solver)
         return sol.q[-1]
 
     # Perturb the first angle-like coordinate by up to 1e-6: distinct trajectories.
@@ -74,8 +74,8 @@ def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None,
 
 
 def measure(model_name, dtype, batch, steps, repeats, chunk, options, kernels):
-    with _config.kernels(kernels):
-        fn, dq = runner(model_name, dtype, batch, steps, chunk, options)
+    with _config.kernels(kernels) as solver:
+        fn, dq = runner(model_name, dtype, batch, steps, chunk, options, solver)
         t = time.perf_counter()
         out = jax.block_until_ready(fn(dq))
         first = time.perf_counter() - t

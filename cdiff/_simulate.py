@@ -1,12 +1,10 @@
 """simulate(): the driver. It checks the arguments before tracing, sets up one
-`Problem` and runs it by one route: cdiff's own constant-step RK4 loop,
-`diffrax.diffeqsolve`, or cdiff's BDF."""
+`Problem` and runs it by the route `choose_route` picks (`_routes.py`)."""
 
 from __future__ import annotations
 
 import math
 import warnings
-from typing import Any
 
 import diffrax
 import equinox as eqx
@@ -21,31 +19,14 @@ from ._model import AbstractModel, check_model
 from ._problem import Problem, check_combination
 from ._results import DIVERGENCE, RESULTS, is_concrete, solver_errors
 from ._solution import Solution, plain_saveat
-from ._solver.base import innermost, replace_innermost
-from ._solver.bdf import BDF, bdf_route
-from ._solver.frozen import diffrax_route
-from ._solver.grid import UniformGrid
-from ._solver.rk4 import CHECKPOINT_EVERY_STEP, RK4, SavePlan, blocks_of, rk4_route, save_plan
-
-
-def constant_steps(t0, t1, dt) -> int:
-    """The number of steps diffrax's `ConstantStepSize` takes from `t0` to `t1`."""
-    return int(math.ceil((float(t1) - float(t0)) / float(np.nextafter(dt, np.inf))))
+from ._routes import AbstractRoute, choose_route, constant_steps
+from ._solver.bdf import BDF
+from ._solver.rk4 import RK4
 
 
 _BDF_MAX_STEPS = 16_384
 # diffrax's default bound, where the saved rows do not depend on it.
 _TRACED_MAX_STEPS = 4096
-
-# Up to this many constant steps, reverse mode keeps one checkpoint per step (the
-# loop state, times the batch under vmap): the backward pass then recomputes each
-# step once, where diffrax's default O(sqrt(n)) checkpoints recompute most steps
-# twice or more.
-_CHECKPOINT_EVERY_STEP = CHECKPOINT_EVERY_STEP
-# Up to this many, cdiff's own RK4 loop keeps every stage's input instead: its
-# backward pass recomputes single stages, not whole steps.
-_KEEP_STAGES = 4096
-
 
 def simulate(
     model: AbstractModel,
@@ -206,12 +187,8 @@ def simulate(
     concrete = is_concrete(model, formulation, control, q0, v0, times, solver)
 
     def solve(inner_throw: bool) -> Solution:
-        if bdf:
-            route = _bdf_route(solver, saveat, adjoint, progress, max_steps,
-                               throw=inner_throw)
-        else:
-            route = _ode_route(solver, stepsize_controller, saveat, adjoint, progress,
-                               max_steps, inner_throw, (t0, t1, dt))
+        route = choose_route(solver, stepsize_controller, saveat, adjoint, progress,
+                             max_steps, inner_throw, (t0, t1, dt))
         return _solve(route, model, formulation, control, q0, v0, *times,
                       throw=inner_throw, checks=inner_throw, checked=concrete,
                       divergence=divergence)
@@ -276,7 +253,7 @@ def _check_time_resolution(t0, t1, dt, dtype) -> None:
 
 
 @eqx.filter_jit
-def _solve(route, model, formulation, control, q0, v0, t0, t1, dt, *, throw, checks,
+def _solve(route: AbstractRoute, model, formulation, control, q0, v0, t0, t1, dt, *, throw, checks,
            checked, divergence):
     # `checks`: whether the model checks at reached states raise; `throw` also
     # raises the solver's failures inside the program; `checked`: the times and
@@ -284,8 +261,8 @@ def _solve(route, model, formulation, control, q0, v0, t0, t1, dt, *, throw, che
     with solver_errors(checks):
         problem = Problem.build(model, formulation, control, q0, v0, t0, t1, dt,
                                 checked=checked)
-        trajectory, dt_frozen, dt_taken = route(problem)
-        return problem.solution(trajectory, dt=dt_frozen, dt_taken=dt_taken,
+        trajectory = route(problem)
+        return problem.solution(trajectory, dt=trajectory.dt, dt_taken=trajectory.dt_taken,
                                 throw=throw, divergence=divergence)
 
 
@@ -448,165 +425,6 @@ def _floats_to_arrays(tree):
     return jax.tree.map(lambda x: jnp.asarray(x) if type(x) is float else x, tree)
 
 
-# ---------------------------------------------------------------------------
-# The routes: each calls the route function beside its solver.
-# ---------------------------------------------------------------------------
-
-
-class _OwnRK4(eqx.Module):
-    """Constant-step RK4 in cdiff's own loop (`rk4_route`)."""
-
-    steps: int
-    save: tuple[bool, bool, bool]  # t0, t1, steps
-    rows: int
-    throw: bool
-    progress: bool
-    blocks: tuple[int, int]
-    save_ts: Any = None
-    plan: SavePlan | None = None
-
-    def __call__(self, problem: Problem):
-        grid = UniformGrid.build(problem.t0, problem.t1, problem.dt, self.rows + 1)
-        save_ts = (None if self.save_ts is None
-                   else jnp.asarray(self.save_ts, grid.ts.dtype))
-        trajectory = rk4_route(
-            problem, grid.ts, steps=self.steps, save_t0=self.save[0],
-            save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
-            keep_stages=self.steps <= _KEEP_STAGES, throw=self.throw,
-            save_ts=save_ts, plan=self.plan, blocks=self.blocks[0],
-            block=self.blocks[1], progress=self.progress)
-        return trajectory, grid.step, grid.step
-
-
-class _Diffrax(eqx.Module):
-    """Any diffrax solver through `diffrax.diffeqsolve` (`diffrax_route`)."""
-
-    solver: Any
-    stepsize_controller: Any
-    saveat: Any
-    adjoint: Any
-    max_steps: int
-    throw: bool
-    progress: bool
-
-    def __call__(self, problem: Problem):
-        controller, dt0, dt = self.stepsize_controller, problem.dt, problem.dt
-        taken = jnp.asarray(jnp.nan, problem.q0.dtype)
-        if isinstance(controller, diffrax.ConstantStepSize):
-            # Steps of T / ceil(T / dt) to times read from a grid computed once, so
-            # that a step recomputed for reverse mode has bit-identical times (see
-            # UniformGrid); the step taken is reported.
-            controller = UniformGrid.build(problem.t0, problem.t1, problem.dt,
-                                           self.max_steps + 1)
-            dt0, dt = None, controller.step
-            taken = dt
-        trajectory = diffrax_route(
-            problem, self.solver, dt0=dt0, dt=dt, stepsize_controller=controller,
-            saveat=self.saveat, adjoint=self.adjoint, max_steps=self.max_steps,
-            throw=self.throw, progress=self.progress)
-        return trajectory, dt, taken
-
-
-class _BDF(eqx.Module):
-    """cdiff's BDF (`bdf_route`)."""
-
-    solver: BDF
-    save: tuple[bool, bool, bool]
-    save_ts: Any
-    max_steps: int
-    forward: bool
-    throw: bool
-
-    def __call__(self, problem: Problem):
-        trajectory = bdf_route(
-            problem, self.solver, save=self.save, save_ts=self.save_ts,
-            max_steps=self.max_steps, forward=self.forward, throw=self.throw)
-        nan = jnp.asarray(jnp.nan, problem.q0.dtype)
-        return trajectory, nan, nan
-
-
-def _ode_route(solver, stepsize_controller, saveat, adjoint, progress, max_steps,
-               throw, times):
-    """cdiff's own RK4 loop where it applies (see `_own_loop_steps`), else
-    `diffrax.diffeqsolve` with cdiff's default adjoint."""
-    steps = _own_loop_steps(solver, stepsize_controller, saveat, adjoint,
-                            max_steps, times)
-    if steps is not None:
-        sub = plain_saveat(saveat)
-        save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
-        # Nested blocks for save times, the progress bar and long solves (reverse
-        # mode then keeps a state per block).
-        blocks = blocks_of(steps, nested=sub.ts is not None or progress
-                           or steps > _CHECKPOINT_EVERY_STEP)
-        if sub.ts is None:
-            return _OwnRK4(steps, save, max_steps, throw, progress, blocks)
-        if not is_concrete(sub.ts):  # each step interpolates at every time
-            return _OwnRK4(steps, save, max_steps, throw, progress, blocks, sub.ts)
-        t0, t1, _ = (float(x) for x in times)
-        plan = save_plan(np.asarray(sub.ts), t0, t1, steps, *blocks)
-        return _OwnRK4(steps, save, max_steps, throw, progress, blocks,
-                       np.asarray(sub.ts), plan)
-    constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
-    if adjoint is None:
-        every_step = constant and max_steps <= _CHECKPOINT_EVERY_STEP
-        adjoint = diffrax.RecursiveCheckpointAdjoint(
-            checkpoints=max_steps if every_step else None
-        )
-    inner = innermost(solver)
-    if isinstance(adjoint, diffrax.ForwardMode) and isinstance(
-        inner, diffrax.AbstractRungeKutta
-    ):
-        # What diffrax.ForwardMode does for a bare Runge-Kutta solver (it cannot see
-        # through cdiff's wrappers): stage loops that JAX can differentiate forwards.
-        inner = eqx.tree_at(
-            lambda s: s.scan_kind, inner, "lax", is_leaf=lambda x: x is None
-        )
-        solver = replace_innermost(solver, inner)
-    return _Diffrax(solver, stepsize_controller, saveat, adjoint, max_steps, throw,
-                    progress)
-
-
-def _bdf_route(solver, saveat, adjoint, progress, max_steps, *, throw: bool):
-    if progress:
-        raise ValueError("cdiff.simulate: progress=True is not supported with cdiff.BDF")
-    sub = plain_saveat(saveat)
-    if sub is None:
-        raise ValueError(
-            "cdiff.simulate: with cdiff.BDF, saveat supports t0, t1, ts and steps "
-            "(no nested SaveAt, no fn, no dense)."
-        )
-    if sub.steps not in (0, 1, True, False):
-        raise ValueError("cdiff.simulate: with cdiff.BDF, saveat.steps must be a bool")
-    return _BDF(solver, (bool(sub.t0), bool(sub.t1), bool(sub.steps)), sub.ts,
-                max_steps, isinstance(adjoint, diffrax.ForwardMode), throw)
-
-
-def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
-                    times) -> int | None:
-    """The number of steps when `simulate` runs its own constant-step RK4 loop
-    (`rk4_route`), or None for `diffrax.diffeqsolve`: the default RK4 with a
-    constant step known before tracing, the default adjoint, and a `saveat` of
-    `t0`, `t1`, every step and/or save times `ts` (known before tracing, or up to
-    `_TRACED_SAVE_TIMES` traced ones)."""
-    sub = plain_saveat(saveat)
-    if not (
-        _OWN_LOOP
-        and type(solver) is RK4
-        and isinstance(stepsize_controller, diffrax.ConstantStepSize)
-        and adjoint is None
-        and sub is not None
-        and sub.steps in (0, 1, True, False)
-        # diffrax puts save times and steps in one buffer in the order of time
-        and (sub.ts is None or not sub.steps)
-        and (sub.ts is None or is_concrete(sub.ts)
-             or jnp.shape(sub.ts)[0] <= _TRACED_SAVE_TIMES)
-        and is_concrete(*times)
-    ):
-        return None
-    steps = constant_steps(*times)
-    return steps if steps <= max_steps else None
-
-
 def _check_save_times(saveat, t0, t1) -> None:
     """Refuse, before tracing, save times that are not sorted or not in [t0, t1]."""
     sub = plain_saveat(saveat)
@@ -625,11 +443,3 @@ def _check_save_times(saveat, t0, t1) -> None:
     if ts[0] < float(t0) or ts[-1] > float(t1):
         raise ValueError(f"cdiff.simulate: saveat.ts must lie in [t0, t1] = "
                          f"[{float(t0)}, {float(t1)}]; got [{ts[0]}, {ts[-1]}]")
-
-
-# Traced save times (e.g. `jnp.array` inside `jax.jit`) are interpolated by every
-# step (a few multiply-adds each); more of them go through diffrax.
-_TRACED_SAVE_TIMES = 16
-
-# Switch for tests and benchmarks that compare the two loops (read before tracing).
-_OWN_LOOP = True

@@ -302,12 +302,15 @@ def _finite_max(x):
 class Trajectory(eqx.Module):
     """What an integration route returns: the saved times `ts` (`inf` in unused
     rows), the formulation's states `ys` at them, the solver's `result` and
-    `stats`."""
+    `stats`; the route adds the step its per-step data were frozen for (`dt`)
+    and the constant step taken (`dt_taken`, NaN for adaptive steps)."""
 
     ts: Any
     ys: Any
     result: Any
     stats: dict
+    dt: Any = None
+    dt_taken: Any = None
 
 
 _DIAGNOSTICS_CHUNK = 4096

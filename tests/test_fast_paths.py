@@ -24,7 +24,7 @@ from helpers import Exploding
 import cdiff
 
 # private on purpose: this file tests the fast paths' kernels and route choices.
-from cdiff import _reschedule, _simulate
+from cdiff import _reschedule, _routes, _simulate
 
 CPU = jax.default_backend() == "cpu"
 MODEL = cdiff.models.SliderCrank()
@@ -126,15 +126,8 @@ def test_compute_once_static_arguments_and_errors():
 
 
 def _both(fn):
-    """`fn()` with simulate's own RK4 loop and with diffrax.diffeqsolve."""
-    try:
-        _simulate._OWN_LOOP = True
-        own = fn()
-        _simulate._OWN_LOOP = False
-        general = fn()
-    finally:
-        _simulate._OWN_LOOP = True
-    return own, general
+    """`fn(solver)` with simulate's own RK4 loop and with diffrax.diffeqsolve."""
+    return fn(cdiff.RK4()), fn(cdiff.RK4(own_loop=False))
 
 
 # Save times off the step grid, on it, repeated, at t0 and at t1.
@@ -152,8 +145,8 @@ SAVES = {
 def test_own_loop_matches_diffrax(save):
     q0, v0 = MODEL.initial_state()
 
-    def run():
-        return cdiff.simulate(MODEL, UK, q0, v0, t1=0.3, dt=0.01,
+    def run(solver):
+        return cdiff.simulate(MODEL, UK, q0, v0, t1=0.3, dt=0.01, solver=solver,
                               saveat=SAVES[save], max_steps=36)
 
     own, general = _both(run)
@@ -171,14 +164,14 @@ def test_own_loop_matches_diffrax(save):
 def _route(monkeypatch):
     """The names of the routes `simulate` takes from now on."""
     routes = []
-    choose = _simulate._ode_route
+    choose = _simulate.choose_route
 
     def spy(*args, **kwargs):
         route = choose(*args, **kwargs)
         routes.append(type(route).__name__)
         return route
 
-    monkeypatch.setattr(_simulate, "_ode_route", spy)
+    monkeypatch.setattr(_simulate, "choose_route", spy)
     return routes
 
 
@@ -191,28 +184,29 @@ def test_own_loop_save_times_traced_and_differentiated(monkeypatch):
     q0, v0 = model.initial_state()
     ts = TS / 0.3 * 0.5
 
-    def run(ts, g):
+    def run(ts, g, solver=None):
         model = cdiff.models.ParticleOnCircle(g=g, speed=0.0)
         return cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, v0, t1=0.5, dt=0.02,
-                              saveat=cdiff.SaveAt(ts=ts, t1=True))
+                              saveat=cdiff.SaveAt(ts=ts, t1=True), solver=solver)
 
     concrete = run(jnp.asarray(ts), 9.81)
     traced = jax.jit(run)(jnp.asarray(ts), 9.81)
-    assert routes == ["_OwnRK4", "_OwnRK4"]
+    assert routes == ["OwnRK4Route", "OwnRK4Route"]
     np.testing.assert_array_equal(np.asarray(traced.ts), np.append(ts, 0.5))
     np.testing.assert_array_equal(np.asarray(traced.q), np.asarray(concrete.q))
 
-    def grad():  # a new function each time: traced anew, with the current route
+    def grad(solver):
         return jax.jit(lambda ts, g: jax.grad(
-            lambda g: jnp.sum(run(ts, g).q[:-1, 1] ** 2))(g))(jnp.asarray(ts), 9.81)
+            lambda g: jnp.sum(run(ts, g, solver).q[:-1, 1] ** 2))(g))(
+                jnp.asarray(ts), 9.81)
 
     own, general = _both(grad)
-    assert routes[2:] == ["_OwnRK4", "_Diffrax"]
+    assert routes[2:] == ["OwnRK4Route", "DiffraxRoute"]
     assert abs(float(general)) > 1e-2
     np.testing.assert_array_equal(own, general)  # measured equal
     # More traced times than the own loop interpolates at every step: diffrax.
-    steps = _simulate._own_loop_steps
-    many = jnp.linspace(0.0, 0.5, _simulate._TRACED_SAVE_TIMES + 1)
+    steps = _routes._own_loop_steps
+    many = jnp.linspace(0.0, 0.5, _routes._TRACED_SAVE_TIMES + 1)
     seen = []
     jax.jit(lambda t: seen.append([steps(cdiff.RK4(), diffrax.ConstantStepSize(),
                                          cdiff.SaveAt(ts=x), None, 25,
@@ -248,7 +242,7 @@ def test_own_loop_progress_bar(monkeypatch, capfd):
     capfd.readouterr()
     shown = jax.vmap(lambda q0, v0: run(q0, v0, True))(q, v)
     err = capfd.readouterr().err
-    assert routes == ["_OwnRK4", "_OwnRK4"]
+    assert routes == ["OwnRK4Route", "OwnRK4Route"]
     np.testing.assert_array_equal(np.asarray(shown), np.asarray(quiet))
     assert err.count("100.00%") >= 1 and "0.00%" in err
     # 30 steps in 6 blocks of 5: a refresh per block, for the whole batch.
@@ -263,21 +257,21 @@ def test_own_loop_long_solve_checkpoints_blocks(monkeypatch):
 
     q0, v0 = cdiff.models.ParticleOnCircle(g=9.81, speed=0.0).initial_state()
 
-    def grad():  # a new function each time: traced anew, with the current bounds
+    def grad(solver=None):  # a new function each time: traced with the current bounds
         def loss(g):
             model = cdiff.models.ParticleOnCircle(g=g, speed=0.0)
             sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, v0, t1=0.5,
-                                 dt=0.02, saveat=cdiff.SaveAt(t1=True))
+                                 dt=0.02, saveat=cdiff.SaveAt(t1=True), solver=solver)
             return sol.q[-1, 1]
         return jax.jit(jax.grad(loss))(9.81)
 
     per_step = grad()
     monkeypatch.setattr(rk4, "CHECKPOINT_EVERY_STEP", 16)
-    monkeypatch.setattr(_simulate, "_CHECKPOINT_EVERY_STEP", 16)
-    monkeypatch.setattr(_simulate, "_KEEP_STAGES", 0)
+    monkeypatch.setattr(_routes, "_CHECKPOINT_EVERY_STEP", 16)
+    monkeypatch.setattr(_routes, "_KEEP_STAGES", 0)
     routes = _route(monkeypatch)
     own, general = _both(grad)
-    assert routes == ["_OwnRK4", "_Diffrax"]
+    assert routes == ["OwnRK4Route", "DiffraxRoute"]
     assert abs(float(per_step)) > 1e-2
     np.testing.assert_allclose(own, per_step, rtol=5e-16)  # measured 1.6e-16
     # Two programs: equal with XLA's default fusion emitter, 3.3e-16 apart (1.5
@@ -287,10 +281,10 @@ def test_own_loop_long_solve_checkpoints_blocks(monkeypatch):
 
 @pytest.mark.parametrize("save", ["default", "t1", "ts"])
 def test_own_loop_failure_as_diffrax(save):
-    def run():
+    def run(solver):
         return cdiff.simulate(Exploding(), cdiff.Lagrange(), jnp.zeros(2),
                               jnp.zeros(2), t1=2.0, dt=0.1, throw=False,
-                              saveat=SAVES[save])
+                              saveat=SAVES[save], solver=solver)
 
     own, general = _both(run)
     assert own.result == general.result == cdiff.RESULTS.nonfinite
@@ -321,13 +315,13 @@ def test_own_loop_forward_and_reverse_mode_agree(monkeypatch):
     assert all(abs(float(x)) > 1e-4 for x in reverse)
     # Reverse mode storing one state per step (recomputing whole steps) instead of
     # every stage's input: the same derivative.
-    monkeypatch.setattr(_simulate, "_KEEP_STAGES", 0)
+    monkeypatch.setattr(_routes, "_KEEP_STAGES", 0)
     per_step = jax.jit(jax.grad(loss, argnums=(0, 1)))(9.81, 1.0)
     np.testing.assert_array_equal(per_step, reverse)  # measured equal
 
 
 def test_own_loop_only_for_plain_constant_rk4():
-    steps = _simulate._own_loop_steps
+    steps = _routes._own_loop_steps
     constant = diffrax.ConstantStepSize()
     plain = cdiff.SaveAt(t0=True, steps=True)
     times = (0.0, 1.0, 0.1)
@@ -336,6 +330,7 @@ def test_own_loop_only_for_plain_constant_rk4():
                  10, times) == 10
     # Anything else goes to diffrax.diffeqsolve.
     assert steps(diffrax.Tsit5(), constant, plain, None, 10, times) is None
+    assert steps(cdiff.RK4(own_loop=False), constant, plain, None, 10, times) is None
     projected = cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())
     assert steps(projected, constant, plain, None, 10, times) is None
     assert steps(cdiff.RK4(), constant, plain, diffrax.ForwardMode(), 10,

@@ -28,6 +28,7 @@ LAYERS = [
     ["cdiff._solution"],
     ["cdiff._problem"],
     ["cdiff._solver"],
+    ["cdiff._routes"],
     ["cdiff._simulate"],
     # Built on the driver.
     ["cdiff.models", "cdiff.analysis", "cdiff.control"],

@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import ClassVar, NamedTuple
 
 import diffrax
+import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
@@ -47,13 +48,20 @@ class RK4(diffrax.AbstractERK):
     interpolation_cls: ClassVar[
         Callable[..., ThirdOrderHermitePolynomialInterpolation]
     ] = ThirdOrderHermitePolynomialInterpolation.from_k
+    own_loop: bool = eqx.field(default=True, static=True)
 
     def order(self, terms):
         del terms
         return 4
 
 
-RK4.__init__.__doc__ = """**Arguments:** None"""
+RK4.__init__.__doc__ = """**Arguments:**
+
+- `own_loop`: with a constant step (and the default adjoint and a plain `SaveAt`),
+  [`cdiff.simulate`][] runs RK4 in cdiff's own loop, which saves the same rows as
+  `diffrax.diffeqsolve` and differentiates with fewer recomputations. `False`
+  takes `diffrax.diffeqsolve` (to compare the two, or for diffrax's features).
+"""
 
 
 # Up to this many steps reverse mode keeps (at least) one state per step; beyond,
