@@ -16,14 +16,15 @@ Each is run by
 - plain JAX: the textbook index-1 KKT system $[M, A^T; A, 0][\\dot v; -\\lambda] =
   [Q; -\\dot A v]$ solved with `jnp.linalg.solve`, the Jacobian by `jax.jacfwd`, in
   a `lax.scan` of the same RK4 steps, jitted;
-- cdiff before this benchmark's changes (products and sums above 12 rows,
-  reverse-mode Jacobians for tall ones), in the same run;
 - SciPy: the same KKT system with NumPy and `scipy.linalg.solve` (the Jacobian and
   $\\dot A v$ written by hand from the model's equations), the same RK4 steps in a
   Python loop.
 
 and the shipped MJCF N four-bar (`iftomm-a02-n-four-bar`, MJX dynamics, 81 joint
-coordinates, 120 constraint rows) with cdiff alone, before and after.
+coordinates, 120 constraint rows) with cdiff alone. (The comparison with cdiff
+before the kernel changes this benchmark measured, products and sums above 12
+rows and reverse-mode Jacobians throughout, is in benchmarks/HISTORY.md; rerun
+it from a worktree of an earlier commit.)
 
 Steps per second are the best of `--repeats` runs, the three interleaved; compile
 time is the first call minus one run. The error is the largest coordinate error
@@ -33,7 +34,6 @@ at the last step against the model's exact or tight-tolerance reference.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import time
 
 import jax
@@ -138,39 +138,21 @@ def scipy_run(model, steps):
     return run
 
 
-def cdiff_run(model, steps, *, before=False):
-    """`cdiff.simulate` with UK, jitted; `before`: with the kernels this benchmark
-    replaced (products and sums above 12 rows, reverse-mode Jacobians throughout)."""
+def cdiff_run(model, steps):
+    """`cdiff.simulate` with UK, jitted."""
     formulation = cdiff.UdwadiaKalaba()
 
     @jax.jit
-    def jitted(q0, v0):
-        return cdiff.simulate(model, formulation, q0, v0, t1=steps * DT, dt=DT).q[-1]
-
     def run(q0, v0):
-        with _before(before):
-            return jitted(q0, v0)
+        return cdiff.simulate(model, formulation, q0, v0, t1=steps * DT, dt=DT).q[-1]
 
     return run
 
 
-@contextlib.contextmanager
-def _before(on: bool):
-    from cdiff import _kinematics, _linalg
-    saved = _linalg._DOT_ABOVE_UNROLL, _kinematics._FORWARD_WHEN_TALL
-    _linalg._DOT_ABOVE_UNROLL = _kinematics._FORWARD_WHEN_TALL = not on
-    try:
-        yield
-    finally:
-        _linalg._DOT_ABOVE_UNROLL, _kinematics._FORWARD_WHEN_TALL = saved
-
-
-def measure(name, model, steps, repeats, scipy_steps, before_steps):
+def measure(name, model, steps, repeats, scipy_steps):
     q0, v0 = model.initial_state()
     ref = np.asarray(model.reference(jnp.array([steps * DT])).q[-1])
     runs = {"cdiff UK": (cdiff_run(model, steps), steps),
-            "cdiff UK, before (products and sums)": (
-                cdiff_run(model, before_steps, before=True), before_steps),
             "plain JAX KKT": (plain_jax(model, steps), steps),
             "SciPy KKT": (scipy_run(model, scipy_steps), scipy_steps)}
     first, best, err = {}, {k: np.inf for k in runs}, {}
@@ -200,16 +182,13 @@ def measure(name, model, steps, repeats, scipy_steps, before_steps):
 def measure_mjcf(steps, repeats):
     """The shipped MJCF N four-bar (MJX dynamics, 81 joint coordinates, 120
     constraint rows of which 40 vanish identically): cdiff alone (the plain KKT
-    matrix is singular with the redundant rows), before and after."""
+    matrix is singular with the redundant rows)."""
     model = cdiff.models.from_mujoco(cdiff.models.mjcf_path("iftomm-a02-n-four-bar"))
     q0, v0 = model.initial_state()
     ref = cdiff.models.NFourBar(n=40).reference(jnp.array([steps * DT]))
     b0 = np.asarray(ref.q[-1, :2])
-    runs = {"cdiff UK on the MJCF file (MJX)": cdiff_run(model, steps),
-            "cdiff UK on the MJCF file, before": cdiff_run(model, max(steps // 5, 2),
-                                                           before=True)}
-    n_steps = {"cdiff UK on the MJCF file (MJX)": steps,
-               "cdiff UK on the MJCF file, before": max(steps // 5, 2)}
+    runs = {"cdiff UK on the MJCF file (MJX)": cdiff_run(model, steps)}
+    n_steps = {"cdiff UK on the MJCF file (MJX)": steps}
     rows = []
     name = "N four-bar, N = 40, MJCF (81, 120)"
     for key, run in runs.items():
@@ -243,8 +222,7 @@ def main():
     ]
     rows = []
     for name, model in cases:
-        rows += measure(name, model, args.steps, args.repeats, max(args.steps // 4, 10),
-                        max(args.steps // 4, 10))
+        rows += measure(name, model, args.steps, args.repeats, max(args.steps // 4, 10))
     rows += measure_mjcf(args.steps // 4, args.repeats)
     table = ("| model | implementation | RK4 steps/s | ÷ plain JAX | compile (s) | "
              f"error at t = {args.steps * DT:g} s |\n|---|---|---:|---:|---:|---:|\n")

@@ -29,7 +29,6 @@ jax.config.update("jax_enable_x64", True)
 import cdiff  # noqa: E402
 from _record import record  # noqa: E402
 from cdiff.cli._study import DEFAULT_DTS, DEFAULT_GAINS  # noqa: E402
-from cdiff.studies import _sweeps  # noqa: E402
 
 
 def main():
@@ -57,10 +56,9 @@ def main():
     study.plot(out / "r2-step-size.png")
     sweep.save(out / "r2-gains")
     # The same, every step size in one vmapped call (the GPU path), in this run.
-    _sweeps._ONE_AFTER_ANOTHER = False
     vmapped = cdiff.studies.step_size_study(model, formulations, DEFAULT_DTS, args.t1,
-                                            n_save=n_save, repeat=3, progress=False)
-    _sweeps._ONE_AFTER_ANOTHER = True
+                                            n_save=n_save, repeat=3, progress=False,
+                                            vmap=True)
     one_call = cdiff.studies.gain_sweep(
         model, cdiff.Lagrange(), {"alpha": DEFAULT_GAINS, "beta": DEFAULT_GAINS},
         DEFAULT_DTS, args.t1, n_save=n_save, chunk_size=len(DEFAULT_GAINS) ** 2 * 8)

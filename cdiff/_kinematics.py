@@ -67,11 +67,6 @@ def _unit(t):
     return jnp.ones_like(t)
 
 
-#: Forward mode for Jacobians with more rows than columns; False only to measure the
-#: difference (benchmarks/mid_size.py).
-_FORWARD_WHEN_TALL = True
-
-
 def jacobian(f, x):
     r"""`(f(x), df/dx)` for a vector-valued `f`, one row per output.
 
@@ -86,7 +81,7 @@ def jacobian(f, x):
     every one of them (R2 under `vmap`: 1.3x the throughput of `jacfwd`).
     """
     k = jax.eval_shape(f, x).shape[0]
-    if x.shape[0] < k and _FORWARD_WHEN_TALL:
+    if x.shape[0] < k:
         y, tangent = jax.linearize(f, x)
         return y, jax.vmap(tangent, out_axes=1)(jnp.eye(x.shape[0], dtype=x.dtype))
     y, pullback = jax.vjp(f, x)

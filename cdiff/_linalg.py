@@ -88,23 +88,18 @@ from jaxtyping import Array, Float
 #: Matrices with at most this many rows are factorised and solved unrolled.
 UNROLL = 12
 
-#: Larger products go to `dot` (BLAS), not products and sums; False only to measure
-#: the difference (benchmarks/mid_size.py).
-_DOT_ABOVE_UNROLL = True
-
-
 def gram(C: Float[Array, "k n"]) -> Float[Array, "k k"]:
     """`C C^T` as a product and a sum, which XLA fuses with its neighbours: a batched
     `dot` of small matrices costs a library call per matrix on CPU (measured 1.5x
     slower on R2 under `vmap`). Above `UNROLL` rows, a `dot`."""
-    if C.shape[0] > UNROLL and _DOT_ABOVE_UNROLL:
+    if C.shape[0] > UNROLL:
         return C @ C.T
     return jnp.sum(C[:, None, :] * C[None, :, :], axis=-1)
 
 
 def matvec(A: Float[Array, "k n"], x: Float[Array, " n"]) -> Float[Array, " k"]:
     """`A x` as a product and a sum (see [`gram`][])."""
-    if A.shape[0] > UNROLL and _DOT_ABOVE_UNROLL:
+    if A.shape[0] > UNROLL:
         return A @ x
     return jnp.sum(A * x, axis=-1)
 

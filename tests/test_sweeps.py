@@ -83,6 +83,17 @@ def test_study_rows_equal_separate_simulations():
     assert np.all(np.isnan(study["time"]))  # time_each=False
 
 
+def test_one_vmapped_call_equals_one_after_another():
+    # vmap=True is the default on GPUs; both compute every step size alike.
+    formulations = {"UK": cdiff.UdwadiaKalaba()}
+    vmapped = cdiff.studies.step_size_study(MODEL, formulations, DTS, T1, n_save=N_SAVE,
+                                            time_each=False, progress=False, vmap=True)
+    rows = _study().where(formulation="UK")
+    for c in COLUMNS:
+        np.testing.assert_allclose(vmapped[c], rows[c], rtol=1e-12, atol=2e-14)
+    assert np.all(np.isfinite(vmapped["max_error"]))
+
+
 def _rk4_minimal_numpy(dt):
     """Classical RK4 at step dt on R2's minimal ODE, in NumPy on the hand-derived
     `slider_crank_theta_ddot` (not cdiff's eq. 24 code): theta1 at TS."""

@@ -272,7 +272,7 @@ def _check_formulation(model, name, formulation, setup: _Setup):
 
 
 def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
-         repeat: int = 1):
+         repeat: int = 1, vmap: bool | None = None):
     """The measures of every step size (rows of `dts`) and their timings: on CPU
     one step size after another through one compiled program (the step size
     traced), elsewhere in one vmapped call. When every measurement time ends a
@@ -301,7 +301,9 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
                     setup.t1, jnp.asarray(dts[i]), setup.ts, max_steps, setup.e0,
                     setup.obs_ref)
 
-    if _ONE_AFTER_ANOTHER and jax.default_backend() == "cpu":
+    if vmap is None:
+        vmap = jax.default_backend() != "cpu"
+    if not vmap:
         # One step size after another through the single-trajectory program: on
         # CPU a vmapped batch costs its longest run times a width factor, one
         # after another about the sum of the runs (benchmarks/studies.py).
@@ -340,9 +342,6 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
                 each[i] = np.fmin(each[i], time.perf_counter() - start)
     return measures, compile_time, batch_time, each
 
-
-# Switch for the benchmark that compares with one vmapped call on CPU.
-_ONE_AFTER_ANOTHER = True
 
 
 def _named(formulations) -> dict[str, Any]:
@@ -448,6 +447,7 @@ def step_size_study(
     initial_state=None,
     progress: bool = True,
     on_formulation: Callable[[StepSizeStudy], Any] | None = None,
+    vmap: bool | None = None,
 ) -> StepSizeStudy:
     r"""Accuracy against step size, every step size of a formulation through **one
     compiled program** (Braun & Goldfarb Fig. 4 (a)-(e)): on CPU run once per step
@@ -487,6 +487,9 @@ def step_size_study(
     - `progress`: a progress bar over the formulations.
     - `on_formulation`: called with the table so far after each formulation
       (e.g. to save a long study's finished rows as they come).
+    - `vmap`: how a formulation's step sizes run: `True` in one `jax.vmap`ped
+      call, `False` one after another through one compiled program; default
+      one after another on CPU, vmapped elsewhere.
 
     **Returns:** a [`cdiff.studies.StepSizeStudy`][] table with columns
     `formulation`, `dt`, `steps`, the four error maxima, `time` (s per run),
@@ -509,7 +512,7 @@ def step_size_study(
              f"{type(solver).__name__}")
     for name in _progress(list(named), progress, "step-size study"):
         measures, compile_time, batch_time, each = _run(
-            model, named[name], solver, setup, dts, time_each, repeat)
+            model, named[name], solver, setup, dts, time_each, repeat, vmap)
         for i, dt in enumerate(dts):
             rows["formulation"].append(name)
             rows["dt"].append(dt)
