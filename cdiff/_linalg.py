@@ -34,13 +34,12 @@ $f(\sigma) = 1 - (\epsilon / (\sigma^2 + \epsilon))^2$. So
   continuous when the rank changes: redundant constraints, kinematic
   singularities, a vanishing energy row at rest.
 
-The damping is $\epsilon = \text{rtol}^2\,\|C\|_F^2 + \delta$: `rtol`
-is the relative singular-value threshold (default $10\sqrt{\varepsilon_{mach}}$:
-1.5e-7 in float64, 3.5e-3 in float32, large enough that the Cholesky of the
-damped Gram matrix never fails in floating point) and
-threshold (the `damping` $\delta$, an absolute threshold squared, in the units of
-$CC^T$; needed for a single row that can vanish, where a relative threshold does
-nothing). One Cholesky of a `k x k` matrix (`k` rows)
+The damping is $\epsilon = \text{rtol}^2\,\|C\|_F^2 + \delta$: `rtol` is the
+relative singular-value threshold (default $10\sqrt{\varepsilon_{mach}}$: 1.5e-7 in
+float64, 3.5e-3 in float32, large enough that the Cholesky of the damped Gram
+matrix never fails in floating point) and $\delta$ (`damping`) an absolute
+threshold squared, in the units of $CC^T$, needed for a single row that can
+vanish, where a relative threshold does nothing. One Cholesky of a `k x k` matrix (`k` rows)
 serves every solve with the same $C$, and no SVD is needed, which keeps small
 batched problems fast on CPU and GPU.
 
@@ -51,9 +50,8 @@ elementwise operation over the whole batch, which XLA fuses with the rest of the
 vector field; LAPACK (CPU) and cuSOLVER (GPU) would instead be called once per
 matrix of the batch, and for 5 x 5 matrices the call costs more than the
 arithmetic. Larger matrices go to `jax.numpy.linalg`, and their products
-([`gram`][], [`matvec`][]) to `dot` (BLAS): written as products and sums, the
-Gram matrix of the N four-bar's 81 constraints cost 3 times a `dot`, and
-Udwadia-Kalaba ran 3.6 times slower (`benchmarks/mid_size.py`).
+([`gram`][], [`matvec`][]) to `dot` (BLAS), which is then cheaper than products
+and sums (`benchmarks/mid_size.py`).
 
 **Products, not chained substitutions.** XLA's CPU compiler fuses a substitution
 with several right-hand sides (or two substitutions in a row) into one loop that

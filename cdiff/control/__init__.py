@@ -52,7 +52,7 @@ The loop is well posed where $I - \partial\lambda/\partial\lambda_m$ is
 nonsingular ($I + G_F$ for `HybridForceMotion`).
 """
 
-from ._aghili import AbstractController as AbstractController
+from ._base import AbstractController as AbstractController
 from ._aghili import HybridForceMotion as HybridForceMotion
 from ._aghili import PassiveJoints as PassiveJoints
 from ._aghili import ProjectedInverseDynamics as ProjectedInverseDynamics

@@ -29,7 +29,6 @@ controller in [`cdiff.control.PassiveJoints`][].
 
 from __future__ import annotations
 
-import abc
 from collections.abc import Callable
 from typing import Any, ClassVar
 
@@ -45,104 +44,19 @@ from .._kinematics import kinematics, velocity_size
 from .._linalg import MassFactor, PseudoInverse, default_rtol
 from .._model import AbstractModel, input_matrix
 from .._formulation.controller import AbstractStatefulController
+from ._base import (
+    AbstractController,
+    ControllerTerms,
+    apply_gain,
+    check_gain,
+    controller_terms,
+    default_tol,
+    gain_matrix,
+    second_order,
+    to_input,
+)
 
-# ---------------------------------------------------------------------------
-# Helpers.
-# ---------------------------------------------------------------------------
-
-
-def _default_tol(dtype) -> float:
-    """Relative tolerance of the run-time consistency checks."""
-    return 1e-6 if jnp.finfo(dtype).bits >= 64 else 1e-3
-
-
-def _apply_gain(G, x):
-    """`G x` for a scalar, a vector (diagonal) or a matrix gain."""
-    G = jnp.asarray(G).astype(x.dtype)
-    return G @ x if G.ndim == 2 else G * x
-
-
-def _gain_matrix(G, k: int, dtype):
-    """A scalar, vector (diagonal) or matrix gain as a `(k, k)` matrix."""
-    G = jnp.asarray(G).astype(dtype)
-    if G.ndim == 2:
-        return G
-    return jnp.diag(jnp.broadcast_to(G, (k,)))
-
-
-def _check_gain(owner: str, name: str, G, *, allow_zero: bool) -> None:
-    """`ValueError` for a concrete scalar/vector gain that is negative, zero (unless
-    allowed) or not finite. Matrices and traced gains are not checked."""
-    if G is None or isinstance(G, jax.core.Tracer):
-        return
-    value = np.asarray(G)
-    if value.ndim > 1 or value.dtype.kind not in "fiu":
-        return
-    ok = np.all(np.isfinite(value)) and (
-        np.all(value >= 0) if allow_zero else np.all(value > 0)
-    )
-    if not ok:
-        bound = ">= 0" if allow_zero else "> 0"
-        raise ValueError(f"{owner}: the gain `{name}` must be finite and {bound}, "
-                         f"got {value}")
-
-
-def _to_input(model: AbstractModel, t, q, f, tol, owner: str):
-    r"""$u$ with $Eu = f$: $f$ for the default $E = I$, else $u = E^+f$ (smooth
-    least squares, `PseudoInverse` of $E^T$), checked at run time."""
-    E = model.input_matrix(t, q)
-    if E is None:
-        return f
-    E = jnp.asarray(E).astype(f.dtype)
-    u = PseudoInverse(E.T).multipliers(E.T @ f)  # (E^T E)^+ E^T f = E^+ f
-    tol = _default_tol(f.dtype) if tol is None else tol
-    residual = jnp.linalg.norm(E @ u - f)
-    return eqx.error_if(
-        u,
-        residual > tol * jnp.linalg.norm(f),
-        f"cdiff.control.{owner}: the generalized force is not in the range of "
-        "model.input_matrix(t, q) (E u = f has no solution: the force needs "
-        "unactuated coordinates). Wrap the controller in "
-        "cdiff.control.PassiveJoints (Aghili eqs. 53-60).",
-    )
-
-
-class _Terms(eqx.Module):
-    """Model quantities at one state, shared by the controllers."""
-
-    M: Float[Array, "n n"]
-    Q: Float[Array, " n"]
-    A: Float[Array, "k n"]
-    b: Float[Array, " k"]
-    pinv: PseudoInverse
-
-
-def _terms(model: AbstractModel, t, q, v, rtol) -> _Terms:
-    if velocity_size(model, q) != q.shape[0]:
-        raise ValueError(
-            f"cdiff.control: {type(model).__name__} has {velocity_size(model, q)} "
-            f"velocities for {q.shape[0]} coordinates (quaternions); Aghili's "
-            "controllers track coordinates with v = dq/dt and do not support it."
-        )
-    t = jnp.asarray(t, dtype=q.dtype)
-    M = jnp.asarray(model.mass_matrix(t, q)).astype(q.dtype)
-    Q = jnp.asarray(model.forces(t, q, v)).astype(q.dtype)
-    kin = kinematics(model, t, q, v)
-    return _Terms(M, Q, kin.A_v, kin.b_v, PseudoInverse(kin.A_v, rtol))
-
-
-def _second_order(fn, q, v):
-    r"""$(\theta, J v, \dot J v)$ of $\theta = $ `fn(q)` along $\dot q = v$
-    ($\dot Jv = \partial^2\theta/\partial q^2[v, v]$), by nested `jax.jvp`."""
-
-    def first(q):
-        return jax.jvp(fn, (q,), (v,))
-
-    (theta, dtheta), (_, ddtheta) = jax.jvp(first, (q,), (v,))
-    return theta, dtheta, ddtheta
-
-
-def _motion_acceleration(ctrl, t, q, v, terms: _Terms):
+def _motion_acceleration(ctrl, t, q, v, terms: ControllerTerms):
     r"""The auxiliary input $u_p$ of eq. 44: an admissible acceleration
     ($Au_p = b$) whose tangential part imposes the PD error law (see
     `ProjectedInverseDynamics`)."""
@@ -150,13 +64,13 @@ def _motion_acceleration(ctrl, t, q, v, terms: _Terms):
     pinv = terms.pinv
     qdd_perp = pinv.solve(terms.b)  # (I - P) qdd = C qdot = A^+ b   (eqs. 13, 16)
     if ctrl.coordinates is None:
-        alpha = a_d + _apply_gain(ctrl.gd, v_d - v) + _apply_gain(ctrl.gp, q_d - q)
+        alpha = a_d + apply_gain(ctrl.gd, v_d - v) + apply_gain(ctrl.gp, q_d - q)
         return qdd_perp + pinv.null_project(alpha)
     theta = ctrl.coordinates
-    th_d, dth_d, jdot_d = _second_order(theta, q_d, v_d)
+    th_d, dth_d, jdot_d = second_order(theta, q_d, v_d)
     ddth_d = jax.jvp(theta, (q_d,), (a_d,))[1] + jdot_d
-    th, dth, jdot = _second_order(theta, q, v)
-    alpha = ddth_d + _apply_gain(ctrl.gd, dth_d - dth) + _apply_gain(ctrl.gp, th_d - th)
+    th, dth, jdot = second_order(theta, q, v)
+    alpha = ddth_d + apply_gain(ctrl.gd, dth_d - dth) + apply_gain(ctrl.gp, th_d - th)
     J = jnp.atleast_2d(jax.jacfwd(theta)(q))
     JP = jax.vmap(pinv.null_project)(J)  # J P (P symmetric)
     lam = PseudoInverse(JP, ctrl.rtol)  # Lambda = (J P)^+, eq. 38
@@ -181,31 +95,6 @@ def _weighted_projection(weight, A, x, rtol=None):
 # ---------------------------------------------------------------------------
 
 
-class AbstractController(eqx.Module):
-    """A controller of cdiff's `simulate`: `u = controller(t, q, v)`.
-
-    Subclasses implement `generalized_force(t, q, v)` (the generalized force
-    $f = Eu$ they want applied) and expose the controlled model as `model`
-    (optionally `tol`, `rtol`); `__call__` maps $f$ to the input $u$ (module
-    docstring). Any subclass can be wrapped in [`cdiff.control.PassiveJoints`][].
-    """
-
-    @abc.abstractmethod
-    def generalized_force(self, t, q, v) -> Float[Array, " n"]:
-        """The generalized force $f$ (cdiff's $Eu$) at `(t, q, v)`."""
-
-    def _force_and_terms(self, t, q, v) -> tuple[Float[Array, " n"], _Terms]:
-        """The generalized force and the model quantities at `(t, q, v)` (the
-        built-in controllers return the ones they computed it from)."""
-        rtol = getattr(self, "rtol", None)
-        return self.generalized_force(t, q, v), _terms(self.model, t, q, v, rtol)
-
-    def __call__(self, t, q, v):
-        f = self.generalized_force(t, q, v)
-        return _to_input(self.model, t, q, f, getattr(self, "tol", None),
-                         type(self).__name__)
-
-
 class _MotionController(AbstractController):
     """What the motion controllers share: the commanded acceleration $u_p$ of
     eq. 44 and the force computed with it (`_force_and_terms`)."""
@@ -213,7 +102,7 @@ class _MotionController(AbstractController):
     def motion_acceleration(self, t, q, v):
         r"""The commanded acceleration $u_p$ (eq. 44; $\ddot q = u_p$ in closed
         loop)."""
-        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
+        return _motion_acceleration(self, t, q, v, controller_terms(self.model, t, q, v,
                                                           self.rtol))
 
     def generalized_force(self, t, q, v):
@@ -294,12 +183,12 @@ class ProjectedInverseDynamics(_MotionController):
 
     def __check_init__(self):
         name = type(self).__name__
-        _check_gain(name, "gp", self.gp, allow_zero=False)
-        _check_gain(name, "gd", self.gd, allow_zero=False)
+        check_gain(name, "gp", self.gp, allow_zero=False)
+        check_gain(name, "gd", self.gd, allow_zero=False)
 
     def _force_and_terms(self, t, q, v):
         r"""$f = P(Mu_p - Q)$ (eq. 43), or its weighted version (eq. 47)."""
-        terms = _terms(self.model, t, q, v, self.rtol)
+        terms = controller_terms(self.model, t, q, v, self.rtol)
         u_p = _motion_acceleration(self, t, q, v, terms)
         x = terms.M @ u_p - terms.Q
         if self.weight is None:
@@ -411,10 +300,10 @@ class HybridForceMotion(AbstractStatefulController):
 
     def __check_init__(self):
         name = type(self).__name__
-        _check_gain(name, "gp", self.gp, allow_zero=False)
-        _check_gain(name, "gd", self.gd, allow_zero=False)
-        _check_gain(name, "gf", self.gf, allow_zero=True)
-        _check_gain(name, "gi", self.gi, allow_zero=True)
+        check_gain(name, "gp", self.gp, allow_zero=False)
+        check_gain(name, "gd", self.gd, allow_zero=False)
+        check_gain(name, "gf", self.gf, allow_zero=True)
+        check_gain(name, "gi", self.gi, allow_zero=True)
 
     def _lambda_d(self, t, dtype):
         return jnp.asarray(self.force_reference(t)).astype(dtype)
@@ -430,15 +319,15 @@ class HybridForceMotion(AbstractStatefulController):
     def motion_acceleration(self, t, q, v):
         r"""The commanded acceleration $u_p$ (eq. 44; $\ddot q = u_p$ in closed
         loop with a perfect model)."""
-        return _motion_acceleration(self, t, q, v, _terms(self.model, t, q, v,
+        return _motion_acceleration(self, t, q, v, controller_terms(self.model, t, q, v,
                                                           self.rtol))
 
     def commanded_multipliers(self, t, state, measurement):
         r"""$\lambda_c = \lambda_d + G_F(\lambda_d - \lambda_m) + G_Iz$ (eq. 50)
         for the measured multipliers $\lambda_m$ and the integrator $z$."""
         lam_d = self._lambda_d(t, measurement.dtype)
-        return (lam_d + _apply_gain(self.gf, lam_d - measurement)
-                + _apply_gain(self.gi, state.astype(measurement.dtype)))
+        return (lam_d + apply_gain(self.gf, lam_d - measurement)
+                + apply_gain(self.gi, state.astype(measurement.dtype)))
 
     def generalized_force(self, t, q, v, state, measurement):
         r"""$f = f_\parallel + f_\perp = Mu_p - Q - A^T\lambda_c$ (eqs. 43, 49,
@@ -452,7 +341,7 @@ class HybridForceMotion(AbstractStatefulController):
                 f"{v.shape[0]} velocities; the controller's model and the simulated "
                 "one must have the same coordinates."
             )
-        terms = _terms(self.model, t, q, v, self.rtol)
+        terms = controller_terms(self.model, t, q, v, self.rtol)
         measurement = jnp.asarray(measurement).astype(q.dtype)
         if measurement.shape != terms.b.shape:
             raise ValueError(
@@ -476,7 +365,7 @@ class HybridForceMotion(AbstractStatefulController):
     def input(self, t, q, v, state, measurement):
         """The input $u$ with $Eu = f$ (module docstring)."""
         f = self.generalized_force(t, q, v, state, measurement)
-        return _to_input(self.model, t, q, f, self.tol, type(self).__name__)
+        return to_input(self.model, t, q, f, self.tol, type(self).__name__)
 
     def state_rate(self, t, q, v, state, measurement):
         r"""$\dot z = e_\lambda = \lambda_d - \lambda_m$."""
@@ -486,8 +375,8 @@ class HybridForceMotion(AbstractStatefulController):
     def _decay(self, k: int, dtype):
         """$K = (I + G_F)^{-1}G_I$."""
         eye = jnp.eye(k, dtype=dtype)
-        return jnp.linalg.solve(eye + _gain_matrix(self.gf, k, dtype),
-                                _gain_matrix(self.gi, k, dtype))
+        return jnp.linalg.solve(eye + gain_matrix(self.gf, k, dtype),
+                                gain_matrix(self.gi, k, dtype))
 
     def predicted_force_error(self, t, t0=0.0):
         r"""The multiplier error of a perfect model (controller model = plant):
@@ -625,7 +514,7 @@ class PassiveJoints(AbstractController):
         Qm = (eye - B) @ (eye - P)  # = I - B - P + BP
         eta = -PseudoInverse(Qm, self.rtol).solve((eye - B) @ f0)  # eq. 57
         f = f0 + (eye - P) @ eta  # eqs. 54, 58-60
-        tol = _default_tol(q.dtype) if self.tol is None else self.tol
+        tol = default_tol(q.dtype) if self.tol is None else self.tol
         residual = jnp.linalg.norm((eye - B) @ f)
         f = eqx.error_if(
             f,
@@ -664,7 +553,7 @@ class PassiveJoints(AbstractController):
             return  # no admissible motion: nothing to control
         _, s, wt = np.linalg.svd(B @ null)
         sigma = float(s[-1]) if s.size == null.shape[1] else 0.0
-        tol = _default_tol(q.dtype) if self.tol is None else self.tol
+        tol = default_tol(q.dtype) if self.tol is None else self.tol
         if not sigma > tol:
             direction = null @ wt[-1]
             direction = direction / np.max(np.abs(direction))

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 
 from .._formulation.nullspace import AbstractStateFeedback, ControlAffine
 from .._linalg import PseudoInverse
-from ._aghili import _apply_gain, _check_gain, _default_tol, _second_order
+from ._base import apply_gain, check_gain, default_tol, second_order
 
 
 class ComputedTorque(AbstractStateFeedback):
@@ -74,8 +74,8 @@ class ComputedTorque(AbstractStateFeedback):
     tol: float | None = eqx.field(static=True, default=None)
 
     def __check_init__(self):
-        _check_gain("ComputedTorque", "gp", self.gp, allow_zero=False)
-        _check_gain("ComputedTorque", "gd", self.gd, allow_zero=False)
+        check_gain("ComputedTorque", "gp", self.gp, allow_zero=False)
+        check_gain("ComputedTorque", "gd", self.gd, allow_zero=False)
 
     def _output(self, q):
         return jnp.atleast_1d(self.output(q))
@@ -84,20 +84,20 @@ class ComputedTorque(AbstractStateFeedback):
         q, qdot = system.q, system.qdot
         y_d, dy_d, ddy_d = (jnp.atleast_1d(jnp.asarray(x)).astype(q.dtype)
                             for x in self.reference(t))
-        y, dy, hdot_qdot = _second_order(self._output, q, qdot)
+        y, dy, hdot_qdot = second_order(self._output, q, qdot)
         if y_d.shape != y.shape:
             raise ValueError(
                 f"cdiff.control.ComputedTorque: reference(t) gives y_d of shape "
                 f"{y_d.shape} but output(q) has shape {y.shape}"
             )
-        w = ddy_d + _apply_gain(self.gd, dy_d - dy) + _apply_gain(self.gp, y_d - y)
+        w = ddy_d + apply_gain(self.gd, dy_d - dy) + apply_gain(self.gp, y_d - y)
         H = jax.jacfwd(self._output)(q)
         HS = H @ system.S
         D = HS @ system.gain
         c = HS @ system.drift + H @ system.gamma + hdot_qdot
         r = w - c
         u = PseudoInverse(D, self.rtol).solve(r)
-        tol = _default_tol(q.dtype) if self.tol is None else self.tol
+        tol = default_tol(q.dtype) if self.tol is None else self.tol
         residual = jnp.linalg.norm(D @ u - r)
         return eqx.error_if(
             u,
