@@ -10,17 +10,13 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ._formulation.base import AbstractFormulation, Context
-from ._formulation.dae import AbstractDAEFormulation
-from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._kinematics import Terms
-from ._model import has_energy
 from ._results import error_if
 from ._solution import Solution, Trajectory, build_solution
 from ._reschedule import compute_once
 from ._formulation.controller import (
     AbstractStatefulController,
     ControllerState,
-    check_controller,
 )
 
 
@@ -124,50 +120,3 @@ def frozen_placeholder(problem: Problem, dt) -> Any:
     frozen = problem.formulation.freeze(problem.t0, problem.t0 + dt, problem.y0,
                                         problem.context)
     return jax.tree.map(jnp.zeros_like, frozen)
-
-
-def check_combination(model, formulation, control, q0, v0, t0) -> None:
-    """Refuse, before tracing, a model, formulation and controller that do not go
-    together: energy correction without a conservative model's energy or with a
-    controller, state feedback on a formulation without its state, a stateful
-    controller on a DAE formulation or whose state, rate and input do not fit
-    (`check_controller`)."""
-    name = type(formulation).__name__
-    if formulation.corrects_energy:
-        name = f"{name} (corrects_energy: e.g. energy_correction=True)"
-        if not has_energy(model, t0, q0, v0):
-            raise ValueError(
-                f"cdiff: {name} holds the energy at its initial value, but "
-                f"{type(model).__name__} defines no energy(t, q, v)."
-            )
-        if not model.conservative:
-            raise ValueError(
-                f"cdiff: {name} holds the energy at its initial value, but "
-                f"{type(model).__name__} is not conservative (its forces change the "
-                "energy); turn the energy correction off."
-            )
-        if control is not None:
-            raise ValueError(
-                f"cdiff: {name} holds the energy at its initial value "
-                "(a conservative system, eq. 18 with zero energy input) and would "
-                "cancel the work of `control`; turn the energy correction off with "
-                "a controller."
-            )
-    if isinstance(control, AbstractStateFeedback) and not isinstance(
-        formulation, NullSpace
-    ):
-        raise ValueError(
-            f"cdiff: {type(control).__name__} is state feedback on "
-            "Yun-Sarkar's null-space state (q, nu) and needs "
-            f"formulation=cdiff.NullSpace(...), got {name}."
-        )
-    if isinstance(control, AbstractStatefulController):
-        if isinstance(formulation, AbstractDAEFormulation):
-            raise ValueError(
-                f"cdiff: {type(control).__name__} is a controller with state, which "
-                f"{name} cannot carry: a DAE formulation's state is the DAE's own "
-                "variables. Use an ODE formulation (e.g. cdiff.Lagrange(), "
-                "cdiff.UdwadiaKalaba(), cdiff.NullSpace()), with cdiff.BDF if the "
-                "problem is stiff, or cdiff.RK4 / a diffrax solver."
-            )
-        check_controller(control, model, t0, q0, v0)

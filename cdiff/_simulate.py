@@ -3,9 +3,6 @@
 
 from __future__ import annotations
 
-import math
-import warnings
-
 import diffrax
 import equinox as eqx
 import jax
@@ -14,19 +11,23 @@ import numpy as np
 
 from ._consistent import inconsistency
 from ._formulation.base import AbstractFormulation
-from ._formulation.dae import AbstractDAEFormulation
 from ._model import AbstractModel, check_model
-from ._problem import Problem, check_combination
+from ._checks import (
+    check_combination,
+    check_divergence,
+    check_formulation,
+    check_max_steps,
+    check_save_times,
+    check_solver,
+    initial_state,
+)
+from ._problem import Problem
 from ._results import DIVERGENCE, RESULTS, is_concrete, solver_errors
-from ._solution import Solution, plain_saveat
-from ._routes import AbstractRoute, choose_route, constant_steps
+from ._solution import Solution
+from ._routes import AbstractRoute, choose_route
 from ._solver.bdf import BDF
 from ._solver.rk4 import RK4
 
-
-_BDF_MAX_STEPS = 16_384
-# diffrax's default bound, where the saved rows do not depend on it.
-_TRACED_MAX_STEPS = 4096
 
 def simulate(
     model: AbstractModel,
@@ -134,42 +135,23 @@ def simulate(
     parameters, `dt <= 0` or `t1 <= t0` (checked before tracing where concrete, and
     with `eqx.error_if` inside `jit`).
     """
-    if not isinstance(formulation, AbstractFormulation):
-        raise TypeError(
-            f"formulation must be a cdiff formulation (e.g. cdiff.Lagrange()), got "
-            f"{type(formulation).__name__}"
-        )
-    q0 = jnp.asarray(q0)
-    if not jnp.issubdtype(q0.dtype, jnp.floating):
-        q0 = q0.astype(jnp.result_type(float))
-    if q0.dtype not in (jnp.float32, jnp.float64):
-        raise ValueError(
-            f"cdiff.simulate: q0 has dtype {q0.dtype}; cdiff simulates in float32 or "
-            "float64 (its linear algebra has no half-precision kernels, and float16's "
-            "round-off, 1e-3, is above most constraint tolerances): pass "
-            "q0.astype(jnp.float32)")
-    v0 = jnp.asarray(v0, dtype=q0.dtype)
-    _note_float32(q0.dtype)
+    check_formulation(formulation)
+    q0, v0 = initial_state(q0, v0)
     nq, m, p = check_model(model, t0, q0, v0)
     dtype = q0.dtype
     solver = RK4() if solver is None else solver
     bdf = isinstance(solver, BDF)
-    if bdf and stepsize_controller is not None:
-        raise ValueError(
-            "cdiff.simulate: cdiff.BDF chooses its own steps (rtol, atol); do not pass "
-            "a stepsize_controller with it."
-        )
+    check_solver(formulation, solver, stepsize_controller)
     if stepsize_controller is None:
         stepsize_controller = diffrax.ConstantStepSize()
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
     if saveat is None:
         saveat = diffrax.SaveAt(t0=True, steps=True)
-    max_steps = _max_steps(max_steps, t0, t1, dt, saveat=saveat, bdf=bdf,
+    max_steps = check_max_steps(max_steps, t0, t1, dt, saveat=saveat, bdf=bdf,
                            constant=constant, sizes=(nq + v0.shape[0], m + p),
                            dtype=dtype)
     check_combination(model, formulation, control, q0, v0, t0)
-    _check_solver(formulation, solver)
-    divergence = _divergence(divergence, dtype)
+    divergence = check_divergence(divergence, dtype)
     # Python floats in modules would be static under jit (one compilation per
     # value); as weakly-typed arrays they are traced, so sweeps reuse compilations.
     model, formulation, control = _floats_to_arrays((model, formulation, control))
@@ -178,7 +160,7 @@ def simulate(
     if bdf:
         solver = _floats_to_arrays(solver)
     else:
-        _check_save_times(saveat, t0, t1)
+        check_save_times(saveat, t0, t1)
     # Concrete inputs (no jit, vmap or grad around this call): the solve is compiled
     # without host callbacks, its failures returned as result codes and raised here
     # with the message naming where it stopped. JAX's persistent compilation cache
@@ -215,41 +197,6 @@ def simulate(
             solve(True)
         raise RuntimeError(sol.message)
     return _name_inconsistency(model, sol, throw=throw)
-
-
-_FLOAT32_NOTED = False
-
-
-def _note_float32(dtype) -> None:
-    """Say once per process that a solve runs in float32 because JAX's 64-bit mode
-    is off (JAX's default): its constraint errors near 1e-7 are round-off, not a
-    fault of the model or the method."""
-    global _FLOAT32_NOTED
-    if _FLOAT32_NOTED or dtype != jnp.float32 or jax.config.jax_enable_x64:
-        return
-    _FLOAT32_NOTED = True
-    warnings.warn(
-        "cdiff.simulate: simulating in float32, JAX's default: constraint and "
-        "energy errors of about 1e-7 relative are float32's round-off. For float64 "
-        "call jax.config.update('jax_enable_x64', True) before any JAX computation "
-        "(to keep float32 and silence this: warnings.filterwarnings('ignore', "
-        "'cdiff.simulate: simulating in float32')).", stacklevel=3)
-
-
-def _check_time_resolution(t0, t1, dt, dtype) -> None:
-    """A step `dt` that the times between `t0` and `t1` cannot resolve in `dtype`
-    (representable times there at least `dt / 2` apart: a step's end rounds onto
-    its start, or a step doubles) is refused, naming the resolution."""
-    for t in (t0, t1):
-        spacing = float(np.spacing(np.abs(np.asarray(t, dtype))))
-        if spacing >= float(dt) / 2:
-            raise ValueError(
-                f"cdiff.simulate: dt = {float(dt):g} is below the time resolution of "
-                f"{np.dtype(dtype).name} at t = {float(t):g}, where representable "
-                f"times are {spacing:g} apart, so steps of dt cannot be represented "
-                "(some would vanish). Measure time from a nearer origin (t0 = 0), "
-                "take a larger dt, or simulate in float64 (jax_enable_x64)."
-            )
 
 
 @eqx.filter_jit
@@ -305,141 +252,7 @@ def _name_inconsistency(model, sol: Solution, *, throw: bool,
     return sol
 
 
-# ---------------------------------------------------------------------------
-# Checks before tracing.
-# ---------------------------------------------------------------------------
-
-
-def _max_steps(max_steps, t0, t1, dt, *, saveat, bdf: bool, constant: bool, sizes,
-               dtype) -> int:
-    """The static bound on the number of steps, checked: `max_steps` or its default
-    (see `simulate`)."""
-    if max_steps is not None and not (
-        isinstance(max_steps, (int, np.integer)) and not isinstance(max_steps, bool)
-        and max_steps > 0
-    ):
-        raise ValueError(
-            f"cdiff.simulate: max_steps must be a positive integer, got {max_steps!r}"
-        )
-    if not is_concrete(t0, t1, dt):
-        if max_steps is not None:
-            return max_steps
-        if bdf:
-            return _BDF_MAX_STEPS
-        if _saves_steps(saveat):
-            raise ValueError(
-                "cdiff.simulate: `dt`, `t0` or `t1` is traced (inside jax.jit, "
-                "jax.vmap or jax.grad) and every step is saved, so the number of "
-                "saved rows is not known when tracing: pass a static `max_steps=` "
-                "(for a constant step, at least ceil((t1 - t0) / dt) for the "
-                "smallest dt), or save at given times (SaveAt(ts=...) or "
-                "SaveAt(t1=True))."
-            )
-        return _TRACED_MAX_STEPS
-    if not (float(dt) > 0 and math.isfinite(float(dt))):
-        raise ValueError(f"dt must be positive and finite, got dt={float(dt)}")
-    if not (math.isfinite(float(t1)) and math.isfinite(float(t0))):
-        raise ValueError(f"t0 and t1 must be finite, got t0={t0}, t1={t1}")
-    if not float(t1) > float(t0):
-        raise ValueError(f"t1 must be greater than t0, got t0={t0}, t1={t1}")
-    _check_time_resolution(t0, t1, dt, dtype)
-    if bdf:  # dt is the first step; its steps do not follow it
-        return _BDF_MAX_STEPS if max_steps is None else max_steps
-    n = constant_steps(t0, t1, dt)
-    if constant:
-        if max_steps is not None and n > max_steps:
-            raise ValueError(
-                f"cdiff.simulate: max_steps={max_steps} is fewer than the "
-                f"ceil((t1 - t0) / dt) = {n} constant steps from t0={t0} to t1={t1} "
-                f"with dt={dt}; raise max_steps or leave it out."
-            )
-        _check_size(n, saveat, *sizes, dtype)
-    if max_steps is not None:
-        return max_steps
-    return n if constant else max(16 * n, 4096)
-
-
-def _check_solver(formulation, solver) -> None:
-    """Refuse, before tracing, a formulation and a solver that do not go together."""
-    name = type(formulation).__name__
-    if isinstance(formulation, AbstractDAEFormulation) and not isinstance(solver, BDF):
-        raise ValueError(
-            f"cdiff.simulate: {name} is a DAE formulation; integrate it with "
-            "solver=cdiff.BDF(...) (diffrax's solvers take ODEs)."
-        )
-    if isinstance(solver, BDF) and formulation.stepwise:
-        raise ValueError(
-            f"cdiff.BDF: {name} needs per-step data (frozen corrections or an "
-            "end-of-step map), which a multistep method cannot provide; use "
-            "cdiff.RK4 (or another diffrax solver), or a DAE formulation such "
-            "as cdiff.GGL."
-        )
-
-
-def _divergence(divergence, dtype):
-    """The divergence bound as a traced array (`inf`: no test), so that its values
-    share a compilation."""
-    if divergence is not None and not (
-        isinstance(divergence, (int, float)) and math.isfinite(divergence)
-        and divergence > 0
-    ):
-        raise ValueError(
-            "cdiff.simulate: divergence must be a positive finite number (or None "
-            f"to turn the divergence test off), got {divergence!r}"
-        )
-    return jnp.asarray(jnp.inf if divergence is None else divergence, dtype)
-
-
-# Saved trajectories larger than this are refused before anything is allocated.
-_MAX_SAVED_BYTES = 2**34
-
-
-def _saves_steps(saveat) -> bool:
-    sub = plain_saveat(saveat)
-    return sub is None or bool(sub.steps)
-
-
-def _check_size(n: int, saveat, state: int, rows: int, dtype) -> None:
-    """Refuse, before tracing, a constant-step solve of more steps than a loop
-    counter holds, or one whose saved rows (every step saved) would not fit in
-    memory: both used to fail deep inside XLA."""
-    if n >= 2**31:
-        raise ValueError(
-            f"cdiff.simulate: ceil((t1 - t0) / dt) = {n:.3g} steps is more than a "
-            "solve can take (2**31); raise dt."
-        )
-    if not _saves_steps(saveat):
-        return
-    # Per saved row: the state, q and v again with their rates, the residuals and
-    # multipliers, the constraint force.
-    size = n * (4 * state + 3 * rows) * np.dtype(dtype).itemsize
-    if size > _MAX_SAVED_BYTES:
-        raise ValueError(
-            f"cdiff.simulate: saving all {n:,} steps would take about "
-            f"{size / 2**30:,.0f} GiB; raise dt, or save fewer rows "
-            "(saveat=cdiff.SaveAt(ts=...) or SaveAt(t1=True))."
-        )
-
-
 def _floats_to_arrays(tree):
     return jax.tree.map(lambda x: jnp.asarray(x) if type(x) is float else x, tree)
 
 
-def _check_save_times(saveat, t0, t1) -> None:
-    """Refuse, before tracing, save times that are not sorted or not in [t0, t1]."""
-    sub = plain_saveat(saveat)
-    if sub is None or sub.ts is None or not is_concrete(sub.ts, t0, t1):
-        return
-    ts = np.asarray(sub.ts, np.float64)
-    if ts.ndim != 1 or ts.size == 0:
-        raise ValueError("cdiff.simulate: saveat.ts must be a non-empty 1-D array of "
-                         f"times, got shape {ts.shape}")
-    if not np.all(np.isfinite(ts)):
-        raise ValueError("cdiff.simulate: saveat.ts has a non-finite time")
-    if np.any(np.diff(ts) < 0):
-        i = int(np.argmax(np.diff(ts) < 0))
-        raise ValueError("cdiff.simulate: saveat.ts must be sorted; "
-                         f"ts[{i}] = {ts[i]} > ts[{i + 1}] = {ts[i + 1]}")
-    if ts[0] < float(t0) or ts[-1] > float(t1):
-        raise ValueError(f"cdiff.simulate: saveat.ts must lie in [t0, t1] = "
-                         f"[{float(t0)}, {float(t1)}]; got [{ts[0]}, {ts[-1]}]")

@@ -29,6 +29,7 @@ LAYERS = [
     ["cdiff._problem"],
     ["cdiff._solver"],
     ["cdiff._routes"],
+    ["cdiff._checks"],
     ["cdiff._simulate"],
     # Built on the driver.
     ["cdiff.models", "cdiff.analysis", "cdiff.control"],

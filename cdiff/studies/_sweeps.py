@@ -20,9 +20,11 @@ import numpy as np
 from .._formulation.base import AbstractFormulation
 from .._kinematics import kinematics
 from .._model import AbstractModel
-from .._problem import Problem, check_combination
+from .._checks import check_combination
+from .._problem import Problem
 from .._results import DIVERGENCE, RESULTS
-from .._simulate import constant_steps, simulate
+from .._routes import constant_steps
+from .._simulate import simulate
 from .._solution import Trajectory
 from .._solver.frozen import diffrax_problem
 from .._solver.grid import UniformGrid, grid_solve
