@@ -52,20 +52,14 @@ def options(name: str) -> dict:
 
 @contextlib.contextmanager
 def kernels(name: str):
-    """Within: `cdiff.simulate` traces the vector field with the kernels called
-    `name` (`diffrax`: as written; `cdiff`: through `compute_once`); yields the
-    solver to pass (`diffrax`: `cdiff.RK4(own_loop=False)`, diffrax.diffeqsolve;
-    `cdiff`: its own RK4 loop). Clears JAX's caches on entry and exit so that
-    nothing traced with the other kernels is reused."""
-    from cdiff import _reschedule
-
-    saved = _reschedule.ENABLED
-    _reschedule.ENABLED = name == "cdiff"
+    """Within: yields the RK4 solver of the kernels called `name` (`diffrax`:
+    `cdiff.RK4(fast_paths=False)`, diffrax.diffeqsolve and the vector field as
+    written; `cdiff`: its own RK4 loop and `compute_once`). Clears JAX's caches
+    on entry and exit so that nothing traced with the other kernels is reused."""
     jax.clear_caches()
     try:
-        yield cdiff.RK4(own_loop=name == "cdiff")
+        yield cdiff.RK4(fast_paths=name == "cdiff")
     finally:
-        _reschedule.ENABLED = saved
         jax.clear_caches()
 
 

@@ -44,10 +44,12 @@ class Problem(eqx.Module):
     v0: Float[Array, " nv"]
     y0: PyTree
     controlled: bool = eqx.field(static=True, default=False)
+    #: The formulation's functions through `compute_once` (see `cdiff.RK4`).
+    reschedule: bool = eqx.field(static=True, default=True)
 
     @classmethod
     def build(cls, model, formulation: AbstractFormulation, control, q0, v0, t0, t1,
-              dt, *, checked: bool = False) -> Problem:
+              dt, *, checked: bool = False, reschedule: bool = True) -> Problem:
         """Check the times and the initial state at run time (`eqx.error_if`: the
         values may be traced; a result code under `solver_errors(throw=False)`;
         not at all when `checked`, their values checked before tracing) and set
@@ -71,15 +73,19 @@ class Problem(eqx.Module):
         aux = formulation.prepare(model, t0, q0, v0)
         context = Context(model, control, e0, aux, formulation)
         y0 = formulation.init_state(t0, q0, v0, context)
-        return cls(formulation, context, t0, t1, dt, q0, v0, y0, controlled)
+        return cls(formulation, context, t0, t1, dt, q0, v0, y0, controlled,
+                   reschedule)
+
+    def _fast(self, fn):
+        return compute_once(fn) if self.reschedule else fn
 
     def rate(self, t, y, frozen) -> PyTree:
         """The formulation's vector field with the per-step data `frozen`."""
-        return compute_once(self.formulation.vector_field)(t, y, self.context, frozen)
+        return self._fast(self.formulation.vector_field)(t, y, self.context, frozen)
 
     def freeze(self, t0, t1, y) -> PyTree:
         """The per-step data of a step from `(t0, y)` to `t1`."""
-        return compute_once(self.formulation.freeze)(t0, t1, y, self.context)
+        return self._fast(self.formulation.freeze)(t0, t1, y, self.context)
 
     @property
     def freezes_at_first_stage(self) -> bool:
@@ -98,7 +104,7 @@ class Problem(eqx.Module):
     def rate_and_freeze(self, t, y, frozen, dt, first) -> tuple[PyTree, PyTree]:
         """The vector field at a stage and the per-step data it used: those of a
         step of size `dt` from `(t, y)` where `first`, else `frozen`."""
-        return compute_once(self.formulation.vector_field_and_freeze)(
+        return self._fast(self.formulation.vector_field_and_freeze)(
             t, y, self.context, frozen, dt, first)
 
     def end_step(self, t, y) -> PyTree:

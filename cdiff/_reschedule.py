@@ -41,8 +41,6 @@ _TRANSCENDENTAL = frozenset(
     )
     if hasattr(primitives, name)
 )
-#: Switch for benchmarks and tests (read when a function is traced).
-ENABLED = True
 
 
 @no_type_check
@@ -58,7 +56,7 @@ def compute_once(fn):
 
     @functools.wraps(fn)
     def wrapped(*args):
-        if not ENABLED or jax.default_backend() != "cpu":
+        if jax.default_backend() != "cpu":
             return fn(*args)
         dynamic, static = eqx.partition(args, eqx.is_array)
 

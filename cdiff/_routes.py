@@ -48,6 +48,10 @@ class AbstractRoute(eqx.Module):
     (`dt_taken`, NaN for adaptive steps). Each route calls the route function
     beside its solver; `choose_route` picks one."""
 
+    #: Whether the problem's vector field evaluates each distinct transcendental
+    #: function once (`compute_once`; off for `RK4(fast_paths=False)`).
+    reschedule: bool = eqx.field(static=True, default=True, kw_only=True)
+
     @abc.abstractmethod
     def __call__(self, problem: Problem) -> Trajectory:
         ...
@@ -163,7 +167,8 @@ def _ode_route(solver, stepsize_controller, saveat, adjoint, progress, max_steps
         )
         solver = replace_innermost(solver, inner)
     return DiffraxRoute(solver, stepsize_controller, saveat, adjoint, max_steps, throw,
-                    progress)
+                        progress,
+                        reschedule=getattr(inner, "fast_paths", True))
 
 
 def _bdf_route(solver, saveat, adjoint, progress, max_steps, *, throw: bool):
@@ -191,7 +196,7 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
     sub = plain_saveat(saveat)
     if not (
         type(solver) is RK4
-        and solver.own_loop
+        and solver.fast_paths
         and isinstance(stepsize_controller, diffrax.ConstantStepSize)
         and adjoint is None
         and sub is not None

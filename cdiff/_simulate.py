@@ -207,7 +207,7 @@ def _solve(route: AbstractRoute, model, formulation, control, q0, v0, t0, t1, dt
     # initial state were checked before tracing.
     with solver_errors(checks):
         problem = Problem.build(model, formulation, control, q0, v0, t0, t1, dt,
-                                checked=checked)
+                                checked=checked, reschedule=route.reschedule)
         trajectory = route(problem)
         return problem.solution(trajectory, dt=trajectory.dt, dt_taken=trajectory.dt_taken,
                                 throw=throw, divergence=divergence)

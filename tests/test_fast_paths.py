@@ -127,7 +127,7 @@ def test_compute_once_static_arguments_and_errors():
 
 def _both(fn):
     """`fn(solver)` with simulate's own RK4 loop and with diffrax.diffeqsolve."""
-    return fn(cdiff.RK4()), fn(cdiff.RK4(own_loop=False))
+    return fn(cdiff.RK4()), fn(cdiff.RK4(fast_paths=False))
 
 
 # Save times off the step grid, on it, repeated, at t0 and at t1.
@@ -330,7 +330,7 @@ def test_own_loop_only_for_plain_constant_rk4():
                  10, times) == 10
     # Anything else goes to diffrax.diffeqsolve.
     assert steps(diffrax.Tsit5(), constant, plain, None, 10, times) is None
-    assert steps(cdiff.RK4(own_loop=False), constant, plain, None, 10, times) is None
+    assert steps(cdiff.RK4(fast_paths=False), constant, plain, None, 10, times) is None
     projected = cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())
     assert steps(projected, constant, plain, None, 10, times) is None
     assert steps(cdiff.RK4(), constant, plain, diffrax.ForwardMode(), 10,

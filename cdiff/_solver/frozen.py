@@ -27,10 +27,12 @@ class FormulationField(eqx.Module):
     `(context, frozen)`, the solve's context and the step's per-step data."""
 
     formulation: AbstractFormulation
+    reschedule: bool = eqx.field(static=True, default=True)
 
     def __call__(self, t, y, args):
         context, frozen = args
-        return compute_once(self.formulation.vector_field)(t, y, context, frozen)
+        fn = self.formulation.vector_field
+        return (compute_once(fn) if self.reschedule else fn)(t, y, context, frozen)
 
 
 class FrozenStep(AbstractForwardingSolver):
@@ -51,10 +53,13 @@ class FrozenStep(AbstractForwardingSolver):
 
     solver: diffrax.AbstractSolver
     formulation: AbstractFormulation
+    reschedule: bool = eqx.field(static=True, default=True)
 
     def _args(self, t0, t1, y0, args):
         context, _ = args
-        return context, compute_once(self.formulation.freeze)(t0, t1, y0, context)
+        fn = self.formulation.freeze
+        return context, (compute_once(fn) if self.reschedule else fn)(t0, t1, y0,
+                                                                      context)
 
     def init(self, terms, t0, t1, y0, args):
         return self.solver.init(terms, t0, t1, y0, self._args(t0, t1, y0, args))
@@ -77,8 +82,9 @@ def diffrax_problem(problem: Problem, solver: diffrax.AbstractSolver, dt):
     """`(terms, solver, args)` of `problem` for diffrax: the formulation's field,
     `solver` wrapped in [`FrozenStep`][], and `(context, frozen placeholder)`
     (the per-step data's structure, for a first step of about `dt`)."""
-    return (diffrax.ODETerm(FormulationField(problem.formulation)),
-            FrozenStep(solver, problem.formulation),
+    return (diffrax.ODETerm(FormulationField(problem.formulation,
+                                             problem.reschedule)),
+            FrozenStep(solver, problem.formulation, problem.reschedule),
             (problem.context, frozen_placeholder(problem, dt)))
 
 

@@ -48,7 +48,7 @@ class RK4(diffrax.AbstractERK):
     interpolation_cls: ClassVar[
         Callable[..., ThirdOrderHermitePolynomialInterpolation]
     ] = ThirdOrderHermitePolynomialInterpolation.from_k
-    own_loop: bool = eqx.field(default=True, static=True)
+    fast_paths: bool = eqx.field(default=True, static=True)
 
     def order(self, terms):
         del terms
@@ -57,10 +57,13 @@ class RK4(diffrax.AbstractERK):
 
 RK4.__init__.__doc__ = """**Arguments:**
 
-- `own_loop`: with a constant step (and the default adjoint and a plain `SaveAt`),
-  [`cdiff.simulate`][] runs RK4 in cdiff's own loop, which saves the same rows as
-  `diffrax.diffeqsolve` and differentiates with fewer recomputations. `False`
-  takes `diffrax.diffeqsolve` (to compare the two, or for diffrax's features).
+- `fast_paths`: cdiff's fast paths for RK4. With a constant step (and the default
+  adjoint and a plain `SaveAt`), [`cdiff.simulate`][] runs RK4 in cdiff's own
+  loop, which saves the same rows as `diffrax.diffeqsolve` and differentiates
+  with fewer recomputations; and on CPU the vector field evaluates each distinct
+  transcendental function once (XLA would recompute it in every consumer). The
+  results are the same. `False` takes `diffrax.diffeqsolve` with the vector field
+  as written: the plain implementation, to compare the fast paths with.
 """
 
 
