@@ -62,8 +62,7 @@ def runner(model_name: str, dtype, batch: int, steps: int, chunk: int | None,
         jnp.linspace(0.0, 1e-6, batch, dtype=dtype))
     if chunk is not None and batch > chunk:
         # One vmapped call per chunk of `chunk` trajectories (compiled once), results
-        # to the host in between: jaxlib 0.10.2's CPU runtime hangs on single calls
-        # of more than 8192 (docs/limitations.md).
+        # to the host in between, as a sweep larger than memory would run.
         def fn(dq):
             return cdiff.studies.map_batches(one, dq, chunk_size=chunk, progress=False,
                                              compiler_options=_config.options(options))

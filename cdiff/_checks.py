@@ -183,7 +183,7 @@ def _saves_steps(saveat) -> bool:
 def _check_size(n: int, saveat, state: int, rows: int, dtype) -> None:
     """Refuse, before tracing, a constant-step solve of more steps than a loop
     counter holds, or one whose saved rows (every step saved) would not fit in
-    memory: both used to fail deep inside XLA."""
+    memory: both would otherwise fail deep inside XLA."""
     if n >= 2**31:
         raise ValueError(
             f"cdiff.simulate: ceil((t1 - t0) / dt) = {n:.3g} steps is more than a "

@@ -11,8 +11,7 @@ from pathlib import Path
 
 import jax
 
-# XLA's CPU backend (jaxlib 0.10) hands reductions to YNNPACK library fusions by
-# default. cdiff's vector fields reduce over axes of 5 or 6 entries (C C^T, A x,
+# XLA's CPU backend hands reductions to YNNPACK library fusions by default. cdiff's vector fields reduce over axes of 5 or 6 entries (C C^T, A x,
 # the Runge-Kutta stage sums); a library call per reduction then costs more than
 # the arithmetic, and it splits XLA's own fusions around it. The empty list keeps
 # every fusion in XLA's code generator.
@@ -48,7 +47,7 @@ def configure_xla_flags() -> str:
         warnings.warn(
             "cdiff: JAX's backend was started before `import cdiff`, so cdiff could "
             f"not add --{_FLAG}= to XLA_FLAGS, and programs you compile yourself run "
-            "up to 4x slower on CPU. Import cdiff before the first JAX computation, "
+            "several times slower on CPU. Import cdiff before the first JAX computation, "
             "or compile with jax.jit(fn, compiler_options=cdiff.compiler_options()); "
             f"set {ENV}=0 to silence this.", stacklevel=3)
     elif not _jaxlib_knows(_FLAG):
@@ -95,9 +94,8 @@ def compiler_options(backend: str | None = None) -> dict[str, str]:
     yet, the flag is not there already and `CDIFF_XLA_FLAGS` is not `0`). XLA's CPU
     backend then keeps reductions out of YNNPACK library fusions in every program,
     a plain `jax.jit` of yours included; a library call per 5- or 6-entry reduction
-    costs more than the arithmetic: R2 with `UdwadiaKalaba(energy_correction=True)`
-    and RK4, a batch of 4096 in float64 on 2 cores, runs 4.8 times faster (125,000
-    against 596,000 steps/s). The flag applies to the whole process; set
+    costs more than the arithmetic, several times the run time of a batched solve
+    (`benchmarks/throughput.py`, figures in `benchmarks/RESULTS.md`). The flag applies to the whole process; set
     `CDIFF_XLA_FLAGS=0` (or the flag yourself, in `XLA_FLAGS`) to keep your own.
 
     When the backend started before `import cdiff` (a warning then says so),

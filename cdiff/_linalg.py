@@ -67,8 +67,8 @@ half the diagonal (and the inverse factor by $d(L^{-1}) = -\Phi(X)\,L^{-1}$), a
 substitution as a linear solve, and [`PseudoInverse.multipliers`][] as the linear
 solve it is, in $C$ and $r$ with the factor at hand (reverse mode never transposes
 the Gram matrix's factorisation). Products in these rules are products and sums.
-R2's gradient over 1000 steps: 1.5 times faster for one trajectory and 1.3 times for
-64 than through a substitution-based Cholesky derivative and the factorisation.
+Gradients are then faster than through a substitution-based Cholesky derivative
+and the factorisation (`benchmarks/gradients.py`).
 """
 
 from __future__ import annotations
@@ -88,8 +88,8 @@ UNROLL = 12
 
 def gram(C: Float[Array, "k n"]) -> Float[Array, "k k"]:
     """`C C^T` as a product and a sum, which XLA fuses with its neighbours: a batched
-    `dot` of small matrices costs a library call per matrix on CPU (measured 1.5x
-    slower on R2 under `vmap`). Above `UNROLL` rows, a `dot`."""
+    `dot` of small matrices costs a library call per matrix on CPU. Above `UNROLL`
+    rows, a `dot`."""
     if C.shape[0] > UNROLL:
         return C @ C.T
     return jnp.sum(C[:, None, :] * C[None, :, :], axis=-1)
@@ -320,8 +320,7 @@ class PseudoInverse(eqx.Module):
     is, through the Gram matrix $G = CC^T$ and the factor at hand, $d\lambda_0 =
     (G + \epsilon I)^{-1}(dr - dG\,\lambda_0)$ and the same for the refinement
     step, with the damping $\epsilon$ held fixed as in the solve: reverse mode then
-    never transposes the Cholesky factorisation (R2's gradient 1.08 times faster for
-    one trajectory, 1.14 times for a batch of 64).
+    never transposes the Cholesky factorisation.
     """
 
     C: Float[Array, "k n"]

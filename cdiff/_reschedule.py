@@ -48,9 +48,8 @@ def compute_once(fn):
     """`fn` (a function of pytrees of arrays returning arrays) evaluated, on the CPU
     backend, with every distinct transcendental function of its program computed
     once: the same results (they pass through a product by one, exact), fewer
-    operations. Elsewhere `fn` itself (not measured on GPUs, where recomputing inside
-    one fused kernel usually costs less than another kernel and its memory
-    traffic). Composes with `jax.jit`, `jax.vmap`, `jax.jvp` and `jax.grad` (the
+    operations. Elsewhere `fn` itself (on GPUs, recomputing inside one fused kernel
+    usually costs less than another kernel and its memory traffic). Composes with `jax.jit`, `jax.vmap`, `jax.jvp` and `jax.grad` (the
     function is traced to a jaxpr and re-evaluated with the transformations'
     tracers)."""
 

@@ -196,8 +196,8 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
     - `keep_stages`: what reverse mode stores. False: the state once per step, and
       the backward pass recomputes the step's stages (as
       `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per step). True: the
-      four stage inputs of every step (R2: about 830 bytes per step against 290),
-      and it recomputes only each stage for its derivative, not whole steps.
+      four stage inputs of every step (about three times the memory), and it
+      recomputes only each stage for its derivative, not whole steps.
 
     A step that ends in a non-finite state stops the solve with
     `RESULTS.nonfinite`, as in diffrax: it and the time it reached are saved (the

@@ -637,8 +637,7 @@ def map_batches(
     - `inputs`: a pytree of arrays (NumPy or JAX) whose leaves all have the same
       leading size N, the batch; e.g. `{"l": lengths, "theta0": angles}`.
     - `chunk_size`: items per chunk, default N (one call). Choose it so that a
-      chunk fits in device memory (and, with jaxlib 0.10.2 on CPU, at most 8192:
-      see the known limitations, `docs/limitations.md`).
+      chunk fits in device memory.
     - `checkpoint`: a directory (created if needed). Each finished chunk `i` is
       written there as `chunk_{i:05d}.npz` (atomically: to a temporary name, then
       renamed), next to a `manifest.json` holding N, `chunk_size`, `key`, SHA-256

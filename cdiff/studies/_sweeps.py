@@ -453,9 +453,10 @@ def step_size_study(
 ) -> StepSizeStudy:
     r"""Accuracy against step size, every step size of a formulation through **one
     compiled program** (Braun & Goldfarb Fig. 4 (a)-(e)): on CPU run once per step
-    size (the cost is about the sum of the runs: R2's eight default step sizes 2.4
-    to 2.7 times the smallest alone, against 3.2 to 3.9 in one vmapped call), on GPUs one `jax.vmap`ped call over the step sizes
-    (its cost is the longest run's).
+    size (the cost is about the sum of the runs, less than one vmapped call, which
+    on CPU costs its longest run times the batch's width), on GPUs one
+    `jax.vmap`ped call over the step sizes (its cost is the longest run's); see
+    `vmap`.
 
     For each formulation and step size: the maximum constraint error
     $\max|\Phi_q|$, velocity-constraint error $\max|[\dot\Phi_q; \Phi_v]|$,
