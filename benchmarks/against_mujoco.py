@@ -58,7 +58,7 @@ published reference exists at t1 = 0.03 s only, so 0 and t1):
   over the hand-written model's, for one trajectory and for the batch.
 
 Progress goes to stderr, a line per configuration; the table to stdout, and with
-`--record` to benchmarks/RESULTS.md. `--quick` is a smoke run (R2 and R4 unless
+`--record` in benchmarks/RESULTS.md and HISTORY.md. `--quick` is a smoke run (R2 and R4 unless
 `--mechanisms` says otherwise, 1 s, batch 4, one repeat). MuJoCo's `mj_step`
 runs on one core; XLA may use every core. Needs `mujoco` and `mujoco-mjx`
 (`pip install -e ".[bench]"`).
@@ -484,7 +484,7 @@ def parse(argv=None):
     parser.add_argument("--quick", action="store_true", help="a small smoke run")
     _config.add_arguments(parser)
     parser.add_argument("--record", action="store_true",
-                        help="append the table to benchmarks/RESULTS.md")
+                        help="record the table in benchmarks/RESULTS.md and HISTORY.md")
     args = parser.parse_args(argv)
     quick = QUICK if args.quick else {"mechanisms": default, "t1": None,
                                       "batch": 64, "repeats": 2}

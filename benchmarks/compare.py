@@ -57,8 +57,8 @@ Tools and settings (`--only` picks among the names in brackets):
 Output: markdown tables (throughput, every accuracy/cost point, the cost per
 trajectory to reach a theta1 error of 1e-6, interpolated in log-log between the
 two settings around it), the Pareto figure `pareto.png` and its data
-`pareto.csv` in `--out` (default benchmarks/out). `--record` appends the tables
-to benchmarks/RESULTS.md. A tool whose package is missing is skipped ("not
+`pareto.csv` in `--out` (default benchmarks/out). `--record` records the tables
+in benchmarks/RESULTS.md and HISTORY.md. A tool whose package is missing is skipped ("not
 installed"). The JAX programs (cdiff, MJX) are compiled with
 `cdiff.compiler_options()` (`--xla-options default`: JAX's defaults);
 `--cpu-devices N` splits the CPU into N JAX devices and shards the vmapped

@@ -77,7 +77,7 @@ def main():
     parser.add_argument("packages", nargs="+", help="package names in that folder")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--record", action="store_true",
-                        help="append the table to benchmarks/RESULTS.md")
+                        help="record the table in benchmarks/RESULTS.md and HISTORY.md")
     args = parser.parse_args()
     sys.path.insert(0, args.folder)
     versions = {p: importlib.import_module(p) for p in args.packages}

@@ -140,7 +140,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true",
                         help="200 steps, batch 8, 1 repeat")
     parser.add_argument("--record", action="store_true",
-                        help="append the table to benchmarks/RESULTS.md")
+                        help="record the table in benchmarks/RESULTS.md and HISTORY.md")
     parser.add_argument("--worker", choices=CASES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

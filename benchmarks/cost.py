@@ -7,7 +7,7 @@ one trajectory and for a vmapped batch, compile time reported apart.
 
     python benchmarks/cost.py [--batch 64] [--repeats 3] [--only NAME ...] [--record]
 
-`--record` appends the table to benchmarks/RESULTS.md.
+`--record` records the table in benchmarks/RESULTS.md and HISTORY.md.
 """
 
 from __future__ import annotations

@@ -126,7 +126,7 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=64)
     parser.add_argument("--record", action="store_true",
-                        help="append the tables to benchmarks/RESULTS.md")
+                        help="record the tables in benchmarks/RESULTS.md and HISTORY.md")
     args = parser.parse_args()
     head = ("| curve | setup | steps | compile (s) | run (ms) | max q error | "
             "max constraint |\n|---|---|---|---|---|---|---|")

@@ -60,7 +60,7 @@ def main():
     parser.add_argument("--batch", type=int, default=1,
                         help="vmap every row over this many parameter pairs")
     parser.add_argument("--record", action="store_true",
-                        help="append the table to benchmarks/RESULTS.md")
+                        help="record the table in benchmarks/RESULTS.md and HISTORY.md")
     _config.add_arguments(parser)
     args = parser.parse_args()
     _config.apply(args)

@@ -32,7 +32,7 @@ call (compile and one run; for MJX, compile and one step), for the batch and the
 gradient the first call minus a run, run time as steps/s (all members of a
 batch together), and the largest equality residual (MuJoCo's `efc_pos` rows of
 type equality, `mj_fwdPosition` on the final `qpos`) each method leaves. The
-table goes to stdout, progress to stderr; `--record` appends it to RESULTS.md.
+table goes to stdout, progress to stderr; `--record` records it in RESULTS.md and HISTORY.md.
 Needs `mujoco` and `mujoco-mjx` (`pip install -e ".[bench]"`). Time it on a quiet
 machine.
 """

@@ -53,7 +53,7 @@ def main():
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--record", action="store_true",
-                        help="append the table to benchmarks/RESULTS.md")
+                        help="record the table in benchmarks/RESULTS.md and HISTORY.md")
     args = parser.parse_args()
     sys.path.insert(0, args.folder)
     p = jnp.array([1.0, 9.81])

@@ -34,8 +34,8 @@ SciPy's `nfev`, and for BDF its DAE residual evaluations (4 Newton iterations pe
 attempted step) plus one Jacobian (jax.jacfwd) per attempted step.
 
 Writes benchmarks/out/work-precision.{png,md,csv} (one log-log panel per model:
-error against wall time and against evaluations); `--record` appends the table to
-benchmarks/RESULTS.md. `--quick` is a smoke test (t1 = 0.5 s, one setting each).
+error against wall time and against evaluations); `--record` records the table in
+benchmarks/RESULTS.md and HISTORY.md. `--quick` is a smoke test (t1 = 0.5 s, one setting each).
 """
 
 from __future__ import annotations
@@ -324,7 +324,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path,
                         default=Path(__file__).with_name("out"))
     parser.add_argument("--record", action="store_true",
-                        help="append the table to benchmarks/RESULTS.md")
+                        help="record the table in benchmarks/RESULTS.md and HISTORY.md")
     _config.add_arguments(parser)
     args = parser.parse_args(argv)
     _config.apply(args)

@@ -227,7 +227,7 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
         # over the stages carries k_{i-1} and the weighted sum of the k_i (diffrax
         # keeps a buffer of all stages). Checkpointed stages: reverse mode
         # recomputes each stage for its derivative instead of storing all four
-        # (faster; unrolling the stages is not: see benchmarks/RESULTS.md).
+        # (faster; unrolling the stages is not: see benchmarks/HISTORY.md, 2026-11-24).
         h = t1 - t0
         if rate_and_freeze is None:
             frozen = freeze(t0, t1, y)
