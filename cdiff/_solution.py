@@ -362,10 +362,10 @@ def _along(one, ts, ys, empty=None):
         return tuple(None if e else x for x, e in zip(one(*a), empty))
 
     # A few rows in a loop: `one` is traced once, not also batched (batching a
-    # loaded model's MJX program costs seconds of tracing). More in chunks: one
-    # vmap over more than 8192 rows containing eqx.error_if's callback deadlocks
-    # XLA's CPU runtime (jaxlib 0.10.2). lax.map's chunking fails on outputs of
-    # size zero (a model without holonomic rows), so those are made directly.
+    # loaded model's MJX program costs seconds of tracing). More in chunks, which
+    # bound the memory of the diagnostics of long solves. lax.map's chunking fails
+    # on outputs of size zero (a model without holonomic rows), so those are made
+    # directly.
     batch = None if rows <= _DIAGNOSTICS_LOOP else _DIAGNOSTICS_CHUNK
     out = jax.lax.map(nonempty, args, batch_size=batch)
     if any(empty):
