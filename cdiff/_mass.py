@@ -21,9 +21,8 @@ def is_symmetric(M) -> Array:
     if n > UNROLL:
         # Larger matrices by a bilinear test, u^T M w = w^T M u for two fixed
         # irregular vectors, relative to the size of the terms: three products
-        # where the entrywise test reads M's transpose (a third of the vector
-        # field's time on the N four-bar at N = 40). Fails only if M - M^T is
-        # orthogonal to u w^T.
+        # where the entrywise test reads M's transpose, which dominates for
+        # large M. Fails only if M - M^T is orthogonal to u w^T.
         i = jnp.arange(n, dtype=M.dtype)
         u, w = jnp.sin(1.0 + 0.7 * i), jnp.cos(0.3 + 1.3 * i)
         scale = jnp.abs(u) @ (jnp.abs(M) @ jnp.abs(w))

@@ -362,7 +362,7 @@ def _along(one, ts, ys, empty=None):
         return tuple(None if e else x for x, e in zip(one(*a), empty))
 
     # A few rows in a loop: `one` is traced once, not also batched (batching a
-    # loaded model's MJX program costs seconds of tracing). More in chunks, which
+    # loaded model's MJX program is slow to trace). More in chunks, which
     # bound the memory of the diagnostics of long solves. lax.map's chunking fails
     # on outputs of size zero (a model without holonomic rows), so those are made
     # directly.

@@ -51,8 +51,8 @@ class UdwadiaKalaba(AbstractFormulation):
     solver wrapper does this; see [`cdiff.simulate`][]). The stage weights then sum
     the correction to $-\Phi_n$ over the step: this is the discretisation in which
     the paper's "$1/dt$ terms cancel". Re-evaluating $\Phi/dt$ at every stage
-    instead turns it into a stiff Baumgarte term of gain $1/dt$ and loses three
-    orders of magnitude of constraint accuracy on the slider-crank. With a
+    instead turns it into a stiff Baumgarte term of gain $1/dt$, which holds the
+    constraints far less accurately. With a
     fixed-step solver $dt$ is the step size (`simulate`'s `dt`, or the
     uniform step $T/\lceil T/dt\rceil$ that diffrax takes). With an adaptive
     step-size controller $dt$ is the step currently attempted, so each accepted

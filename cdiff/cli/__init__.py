@@ -750,7 +750,7 @@ def _wall_time(phases: _Phases) -> tuple[str, str]:
     names = {"start-up": "start-up (Python, JAX imports)"}
     times = ({"start-up": phases.before} if phases.before else {}) | phases.times
     total = phases.total()
-    # (The rest: parsing, the errors and the table; a few milliseconds.)
+    # (The rest, outside every phase: parsing, the errors and the table.)
     times["other"] = max(0.0, total - sum(times.values()))
     parts = [f"{names.get(key, key)} {seconds:.2f} s"
              for key, seconds in times.items()]
