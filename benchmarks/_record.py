@@ -38,7 +38,8 @@ def replace_section(text: str, script: str, entry: str) -> str:
     return (head + "\n\n" if head else "") + section
 
 
-def record(script: str, description: str, table: str) -> Path:
+def record(script: str, description: str, table: str, *, section: str | None = None
+           ) -> Path:
     """Record `table`, measured by `script` (its file name, e.g. "throughput.py"), under
     a heading naming the script, date, machine, device and the exact command line that
     produced it, in two places:
@@ -48,12 +49,14 @@ def record(script: str, description: str, table: str) -> Path:
       `script`'s section, from the line `<!-- benchmark: script -->` up to the next
       such line (or the end of the file), or is appended as a new section if there
       is none. A section gathering several earlier runs is replaced whole.
+      `section` names the section instead of `script` (a script that measures
+      several cases keeps one section per case, e.g. "versions.py (projected)").
 
     Returns the path of RESULTS.md."""
     device = jax.devices()[0]
     command = " ".join(["python", f"benchmarks/{script}", *sys.argv[1:]])
     header = (
-        f"\n## {script} — {datetime.date.today()} — {platform.node() or 'host'}\n\n"
+        f"\n## {section or script} — {datetime.date.today()} — {platform.node() or 'host'}\n\n"
         f"Device: {device.platform} ({device.device_kind}), {jax.device_count()} "
         f"device(s), jax {jax.__version__}, {platform.machine()}.\n"
         f"Command: `{command}`\n{description}\n\n"
@@ -62,8 +65,9 @@ def record(script: str, description: str, table: str) -> Path:
     with HISTORY.open("a", encoding="utf-8") as f:
         f.write(entry)
     current = RESULTS.read_text(encoding="utf-8") if RESULTS.exists() else ""
-    found = any(line.strip() == marker(script) for line in current.splitlines())
-    RESULTS.write_text(replace_section(current, script, entry), encoding="utf-8")
-    print(f"appended to {HISTORY}; {script}'s section "
+    key = section or script
+    found = any(line.strip() == marker(key) for line in current.splitlines())
+    RESULTS.write_text(replace_section(current, key, entry), encoding="utf-8")
+    print(f"appended to {HISTORY}; {key}'s section "
           f"{'replaced in' if found else 'added to'} {RESULTS}")
     return RESULTS

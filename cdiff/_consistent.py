@@ -8,7 +8,7 @@ import jax.numpy as jnp
 
 from ._kinematics import holonomic_jacobian, residuals, velocity_size
 from ._model import AbstractModel
-from ._projection import NewtonProjection
+from ._projection import NewtonProjection, gauss_newton
 from ._results import is_concrete
 
 
@@ -82,7 +82,7 @@ def consistent_state(
     t = jnp.asarray(t, q.dtype)
     if tol is None:
         tol = 1e-10 if q.dtype == jnp.float64 else 1e-4
-    projection = NewtonProjection(iterations=1, mass_weighted=mass_weighted, rtol=rtol,
+    projection = NewtonProjection(mass_weighted=mass_weighted, rtol=rtol,
                                   fixed=fixed)
     q, v, err_q, err_v = _project(model, t, q, v, tol, projection, iterations)
     message = (
@@ -112,14 +112,11 @@ def _project(model, t, q, v, tol, projection, iterations):
     parameter values) reuses the program. Returns `(q, v, max |Phi_q|, max
     velocity residual)`."""
 
-    def position_error(q):
-        return jnp.max(jnp.abs(residuals(model, t, q, v)[0]), initial=0.0)
-
-    def newton(_, q):
-        step = projection.position(model, t, q)
-        return jnp.where(position_error(q) > tol, step, q)
-
-    q = jax.lax.fori_loop(0, iterations, newton, q)
+    if jax.eval_shape(model.holonomic, t, q).shape[0]:
+        # The correction chosen afresh at every step (for a mass-weighted one: the
+        # metric at the current configuration).
+        q = gauss_newton(model, t, q, lambda q, A: projection.corrector(model, t, q, A),
+                         iterations, tol=tol)
     v = projection.velocity(model, t, q, v)
     phi_q, phi_v = residuals(model, t, q, v)
     return (q, v, jnp.max(jnp.abs(phi_q), initial=0.0),

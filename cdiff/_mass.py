@@ -32,12 +32,13 @@ def is_symmetric(M) -> Array:
     return jnp.all(jnp.abs(M - M.T) <= tol)
 
 
-def checked_mass(model: AbstractModel, t, q, terms: Terms | None = None
-                 ) -> tuple[Array, MassFactor]:
+def checked_mass(model: AbstractModel, t, q, terms: Terms | None = None, *,
+                 throw: bool = True) -> tuple[Array, MassFactor]:
     """The mass matrix and its Cholesky factor, both carrying a run-time check that
     the matrix is symmetric positive definite (`eqx.error_if`: the check runs
     where either output is used). `terms`: the model's terms at `(t, q)`, when
-    already at hand."""
+    already at hand. `throw`: whether a failed check raises, or turns the outputs
+    into NaN (see `Context.throw`)."""
     M = (model.terms(t, q) if terms is None else terms).mass_matrix
     mf = MassFactor(M)
     M, L, Linv = error_if(
@@ -46,12 +47,13 @@ def checked_mass(model: AbstractModel, t, q, terms: Terms | None = None
         f"cdiff: {type(model).__name__}.mass_matrix(t, q) is not symmetric positive "
         "definite (not symmetric, or its Cholesky factorisation failed) at a state "
         "reached by the solver.",
+        throw=throw,
     )
     return M, eqx.tree_at(lambda m: (m.L, m.Linv), mf, (L, Linv),
                           is_leaf=lambda x: x is None)
 
 
-def mass_factor(model: AbstractModel, t, q) -> MassFactor:
+def mass_factor(model: AbstractModel, t, q, *, throw: bool = True) -> MassFactor:
     """Cholesky factor of the mass matrix, with the run-time check of
     [`checked_mass`][]."""
-    return checked_mass(model, t, q)[1]
+    return checked_mass(model, t, q, throw=throw)[1]

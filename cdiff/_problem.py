@@ -49,21 +49,25 @@ class Problem(eqx.Module):
 
     @classmethod
     def build(cls, model, formulation: AbstractFormulation, control, q0, v0, t0, t1,
-              dt, *, checked: bool = False, reschedule: bool = True) -> Problem:
+              dt, *, checked: bool = False, reschedule: bool = True,
+              throw: bool = True) -> Problem:
         """Check the times and the initial state at run time (`eqx.error_if`: the
-        values may be traced; a result code under `solver_errors(throw=False)`;
-        not at all when `checked`, their values checked before tracing) and set
+        values may be traced; NaN, so a result code, without `throw`; not at all
+        when `checked`, their values checked before tracing) and set
         the solve up: the initial energy, the formulation's
         `prepare` and `init_state` (of the formulation wrapped in
-        `ControllerState` for a stateful controller)."""
+        `ControllerState` for a stateful controller). `throw`: whether the
+        run-time checks of the model raise ([`cdiff.Context`][])."""
         if not checked:
             dt = error_if(dt, ~((dt > 0) & jnp.isfinite(dt)),
-                          "cdiff.simulate: dt must be positive and finite")
-            t1 = error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0")
+                          "cdiff.simulate: dt must be positive and finite", throw=throw)
+            t1 = error_if(t1, ~(t1 > t0), "cdiff.simulate: t1 must be greater than t0",
+                          throw=throw)
             q0 = error_if(
                 q0,
                 ~(jnp.all(jnp.isfinite(q0)) & jnp.all(jnp.isfinite(v0))),
                 "cdiff.simulate: the initial state (q0, v0) is not finite",
+                throw=throw,
             )
         e0 = model.energy(t0, q0, v0)
         e0 = jnp.asarray(jnp.nan if e0 is None else e0, q0.dtype)
@@ -71,7 +75,7 @@ class Problem(eqx.Module):
         if controlled:
             formulation = ControllerState(formulation)
         aux = formulation.prepare(model, t0, q0, v0)
-        context = Context(model, control, e0, aux, formulation)
+        context = Context(model, control, e0, aux, formulation, throw)
         y0 = formulation.init_state(t0, q0, v0, context)
         return cls(formulation, context, t0, t1, dt, q0, v0, y0, controlled,
                    reschedule)

@@ -14,6 +14,8 @@ Both take a fixed number of Newton iterations (no convergence test), so that the
 from __future__ import annotations
 
 import abc
+import inspect
+import warnings
 from collections.abc import Callable
 
 import equinox as eqx
@@ -35,20 +37,44 @@ class AbstractProjection(eqx.Module):
 
     A subclass says how the linearised constraint $A\,\delta = r$ is solved
     ([`cdiff.AbstractProjection.corrector`][]).
+
+    `throw` (in every method): whether the run-time checks of the model made on
+    the way (the mass matrix of a mass-weighted correction) raise, or turn the
+    result into NaN (see [`cdiff.Context`][]).
     """
 
     iterations: eqx.AbstractVar[int]
 
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        corrector = cls.__dict__.get("corrector")
+        if corrector is None or getattr(corrector, "__isabstractmethod__", False):
+            return
+        params = inspect.signature(corrector).parameters
+        if "throw" in params or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+            return
+        warnings.warn(
+            f"{cls.__name__}.corrector(self, model, t, q, A) takes no keyword "
+            "`throw`; cdiff now passes it (whether run-time checks raise). Add "
+            "`*, throw: bool = True` to its signature; until then it is called "
+            "without.", DeprecationWarning, stacklevel=2)
+
+        def with_throw(self, model, t, q, A, *, throw: bool = True):
+            del throw
+            return corrector(self, model, t, q, A)
+
+        cls.corrector = with_throw
+
     @abc.abstractmethod
     def corrector(
-        self, model: AbstractModel, t, q, A: Float[Array, "k n"]
+        self, model: AbstractModel, t, q, A: Float[Array, "k n"], *, throw: bool = True
     ) -> Callable[[Float[Array, "k n"], Float[Array, " k"]], Float[Array, " n"]]:
         r"""The rule, chosen at `q` with constraint Jacobian `A`, that maps a
         Jacobian $A'$ and a right-hand side $r$ to the correction $\delta$ solving
         $A'\delta = r$ (least squares). It is chosen once per projection and used by
         every Newton iteration (for coordinate partitioning: the same partition)."""
 
-    def position(self, model: AbstractModel, t, q):
+    def position(self, model: AbstractModel, t, q, *, throw: bool = True):
         r"""`q` moved onto the holonomic constraints by `iterations` Newton steps.
 
         Each step solves $A_q\delta = -\Phi_q$ for a velocity-space correction
@@ -58,26 +84,47 @@ class AbstractProjection(eqx.Module):
         phi, A = holonomic_jacobian(model, t, q)
         if phi.shape[0] == 0:
             return q
-        solve = self.corrector(model, t, q, A)
+        solve = self.corrector(model, t, q, A, throw=throw)
+        return gauss_newton(model, t, q, lambda q, A: solve, self.iterations,
+                            first=(phi, A))
 
-        def newton(_, q):
-            phi, A = holonomic_jacobian(model, t, q)
-            return model.integrate_position(q, solve(A, -phi))
-
-        q = model.integrate_position(q, solve(A, -phi))
-        return jax.lax.fori_loop(0, self.iterations - 1, newton, q)
-
-    def velocity(self, model: AbstractModel, t, q, v):
+    def velocity(self, model: AbstractModel, t, q, v, *, throw: bool = True):
         """`v` moved onto the velocity constraints at `q` (one step)."""
         r, A_v = velocity_constraints(model, t, q, v)
         if r.shape[0] == 0:
             return v
-        return v + self.corrector(model, t, q, A_v)(A_v, -r)
+        return v + self.corrector(model, t, q, A_v, throw=throw)(A_v, -r)
 
-    def __call__(self, model: AbstractModel, t, q, v):
+    def __call__(self, model: AbstractModel, t, q, v, *, throw: bool = True):
         """`(q, v)` projected: positions first, then velocities at the new `q`."""
-        q = self.position(model, t, q)
-        return q, self.velocity(model, t, q, v)
+        q = self.position(model, t, q, throw=throw)
+        return q, self.velocity(model, t, q, v, throw=throw)
+
+
+def gauss_newton(
+    model: AbstractModel, t, q, corrector: Callable, iterations: int, *, tol=None,
+    first=None,
+):
+    r"""`iterations` Gauss-Newton steps on the holonomic constraints: each solves
+    $A_q\delta = -\Phi_q$ at the current `q` with `corrector(q, A_q)` (a rule as
+    returned by [`cdiff.AbstractProjection.corrector`][]) and moves `q` by
+    `model.integrate_position(q, delta)`. A fixed number of steps (`lax.fori_loop`),
+    so that it composes with `jax.vmap` and reverse-mode `jax.grad`. With `tol`, a
+    step is taken only where $\max|\Phi_q| >$ `tol`, so that a converged `q` stays
+    unchanged. `first`: $(\Phi_q, A_q)$ at `q`, when already at hand. Both
+    [`cdiff.AbstractProjection.position`][] and `cdiff.consistent_state` iterate
+    with it."""
+
+    def step(q, phi, A):
+        moved = model.integrate_position(q, corrector(q, A)(A, -phi))
+        if tol is None:
+            return moved
+        return jnp.where(jnp.max(jnp.abs(phi), initial=0.0) > tol, moved, q)
+
+    phi, A = holonomic_jacobian(model, t, q) if first is None else first
+    q = step(q, phi, A)
+    return jax.lax.fori_loop(
+        0, iterations - 1, lambda _, q: step(q, *holonomic_jacobian(model, t, q)), q)
 
 
 def _check_iterations(iterations) -> None:
@@ -128,7 +175,7 @@ class NewtonProjection(AbstractProjection):
         if len(set(self.fixed)) != len(self.fixed) or any(i < 0 for i in self.fixed):
             raise ValueError(f"fixed must hold distinct indices >= 0, got {self.fixed}")
 
-    def corrector(self, model, t, q, A):
+    def corrector(self, model, t, q, A, *, throw: bool = True):
         n = A.shape[1]
         if any(i >= n for i in self.fixed):
             raise ValueError(
@@ -136,7 +183,7 @@ class NewtonProjection(AbstractProjection):
         free = jnp.ones(n, A.dtype).at[jnp.asarray(self.fixed, int)].set(0.0)
         if not self.mass_weighted:
             return lambda A, r: PseudoInverse(A * free, self.rtol).solve(r)
-        M, mf = checked_mass(model, t, q)
+        M, mf = checked_mass(model, t, q, throw=throw)
         if self.fixed:  # the metric of the free block: fixed rows and columns -> I
             mf = MassFactor(free[:, None] * M * free[None, :] + jnp.diag(1.0 - free))
         return lambda A, r: mf.unweight(
@@ -225,13 +272,14 @@ class GradientProjection(AbstractProjection):
                 f"{self.metric!r}"
             )
 
-    def projections(self, model: AbstractModel, t, q, A) -> Float[Array, "n k"]:
+    def projections(self, model: AbstractModel, t, q, A, *, throw: bool = True
+                    ) -> Float[Array, "n k"]:
         r"""Rows $y_i$ with $\|y_i\|^2 = d_i$, the relative projection of coordinate
         direction $i$ on the constraint subspace of `A` (in the chosen metric):
         $y_i$ are the components of $\hat g_i/\|\hat g_i\|$ in an orthonormal basis
         of that subspace."""
         if self.metric == "mass":
-            mf = mass_factor(model, t, q)  # M = L L^T, so M_ii = |L_i|^2
+            mf = mass_factor(model, t, q, throw=throw)  # M = L L^T, so M_ii = |L_i|^2
             C, scale = mf.weight(A), jnp.linalg.norm(mf.L, axis=1)
         else:
             C, scale = A, jnp.ones(A.shape[1], A.dtype)
@@ -240,12 +288,16 @@ class GradientProjection(AbstractProjection):
         Y = solve_triangular(chol, A).T
         return Y / scale[:, None]
 
-    def dependent(self, model: AbstractModel, t, q, A) -> Int[Array, " k"]:
+    def dependent(self, model: AbstractModel, t, q, A, *, throw: bool = True
+                  ) -> Int[Array, " k"]:
         """The dependent coordinates for constraint Jacobian `A` at `q`, in the
         order picked (one per row of `A`)."""
-        Y = jax.lax.stop_gradient(self.projections(model, t, q, A))
-        k = A.shape[0]
-        tol = default_rtol(A.dtype) if self.rtol is None else self.rtol
+        Y = jax.lax.stop_gradient(self.projections(model, t, q, A, throw=throw))
+        return self._pick(Y, A.shape[0])
+
+    def _pick(self, Y, k: int) -> Int[Array, " k"]:
+        """`dependent` from the relative projections `Y` of `projections`."""
+        tol = default_rtol(Y.dtype) if self.rtol is None else self.rtol
         picked = []
         free = jnp.ones(Y.shape[0], bool)
         first = None
@@ -263,11 +315,15 @@ class GradientProjection(AbstractProjection):
             Y = Y - jnp.outer(Y @ u, u)
         return jnp.stack(picked)
 
-    def corrector(self, model, t, q, A):
-        idx = self.dependent(model, t, q, A)
+    def corrector(self, model, t, q, A, *, throw: bool = True):
+        Y = jax.lax.stop_gradient(self.projections(model, t, q, A, throw=throw))
+        idx = self._pick(Y, A.shape[0])
+        # A mass check that failed without `throw` left NaN in Y, which picks
+        # *some* partition: the corrections carry the NaN on, so the failure shows.
+        poison = jnp.where(jnp.all(jnp.isfinite(Y)), 0.0, jnp.nan).astype(A.dtype)
 
         def solve(A, r):
             delta = PseudoInverse(A[:, idx], self.rtol).solve(r)
-            return jnp.zeros(A.shape[1], A.dtype).at[idx].set(delta)
+            return jnp.zeros(A.shape[1], A.dtype).at[idx].set(delta) + poison
 
         return solve

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
-import contextvars
 
 import diffrax
 import equinox as eqx
@@ -72,26 +70,8 @@ def is_concrete(*xs) -> bool:
     return not any(isinstance(x, jax.core.Tracer) for x in leaves)
 
 
-# How the run-time checks of the model at the states a solver reaches behave:
-# "default" raises (or follows EQX_ON_ERROR); "nan" poisons the checked values, so
-# that the solve ends with RESULTS.nonfinite (simulate(..., throw=False)).
-_ON_ERROR: contextvars.ContextVar[str] = contextvars.ContextVar(
-    "cdiff_on_error", default="default")
-
-
-def error_if(x, pred, msg: str):
-    """`eqx.error_if` for a check at a state the solver reached: it raises, except
-    while `solver_errors(throw=False)` traces a solve, where it turns `x` into NaN
-    and the solve ends with `RESULTS.nonfinite` instead."""
-    return eqx.error_if(x, pred, msg, on_error=_ON_ERROR.get())
-
-
-@contextlib.contextmanager
-def solver_errors(throw: bool):
-    """Trace a solve whose run-time model checks raise (`throw=True`) or end the
-    solve with a result code (`throw=False`)."""
-    token = _ON_ERROR.set("default" if throw else "nan")
-    try:
-        yield
-    finally:
-        _ON_ERROR.reset(token)
+def error_if(x, pred, msg: str, *, throw: bool):
+    """`eqx.error_if` for a check at a state the solver reached: with `throw` it
+    raises (or follows `EQX_ON_ERROR`); without, it turns `x` into NaN so that the
+    solve ends with `RESULTS.nonfinite` (`simulate(..., throw=False)`)."""
+    return eqx.error_if(x, pred, msg, on_error="default" if throw else "nan")

@@ -22,7 +22,7 @@ from ._checks import (
     initial_state,
 )
 from ._problem import Problem
-from ._results import DIVERGENCE, RESULTS, is_concrete, solver_errors
+from ._results import DIVERGENCE, RESULTS, is_concrete
 from ._solution import Solution
 from ._routes import AbstractRoute, choose_route
 from ._solver.bdf import BDF
@@ -205,12 +205,11 @@ def _solve(route: AbstractRoute, model, formulation, control, q0, v0, t0, t1, dt
     # `checks`: whether the model checks at reached states raise; `throw` also
     # raises the solver's failures inside the program; `checked`: the times and
     # initial state were checked before tracing.
-    with solver_errors(checks):
-        problem = Problem.build(model, formulation, control, q0, v0, t0, t1, dt,
-                                checked=checked, reschedule=route.reschedule)
-        trajectory = route(problem)
-        return problem.solution(trajectory, dt=trajectory.dt, dt_taken=trajectory.dt_taken,
-                                throw=throw, divergence=divergence)
+    problem = Problem.build(model, formulation, control, q0, v0, t0, t1, dt,
+                            checked=checked, reschedule=route.reschedule, throw=checks)
+    trajectory = route(problem)
+    return problem.solution(trajectory, dt=trajectory.dt, dt_taken=trajectory.dt_taken,
+                            throw=throw, divergence=divergence)
 
 
 # A solve that ends with a larger holonomic residual than this (relative to the

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,7 @@ from ._formulation.base import AbstractFormulation, Context, applied_forces
 from ._formulation.controller import ControllerState
 from ._mass import mass_factor
 from ._model import AbstractModel
-from ._results import RESULTS, is_concrete, solver_errors
+from ._results import RESULTS, is_concrete
 from ._results import message as result_message
 
 
@@ -327,8 +328,8 @@ def rates(formulation: AbstractFormulation, context: Context, t, y, dyn):
     if dyn.rate is None:
         q, v = formulation.coordinates(t, y, context)
         model = context.model
-        vdot = mass_factor(model, t, q).solve(applied_forces(context, t, q, v)
-                                              + dyn.force)
+        mf = mass_factor(model, t, q, throw=context.throw)
+        vdot = mf.solve(applied_forces(context, t, q, v) + dyn.force)
         return model.position_rate(t, q, v), vdot
     t = jnp.asarray(t)
     _, (qdot, vdot) = jax.jvp(lambda t, y: formulation.coordinates(t, y, context),
@@ -410,14 +411,15 @@ def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, y
     state. The model's run-time checks turn a failing row into NaN (they held at
     these states during the solve)."""
 
+    context = dataclasses.replace(context, throw=False)
+
     def one(t, y):
         frozen = formulation.freeze(t, t + dt, y, context)
         dyn = formulation.dynamics(t, y, context, frozen)
         qdot, vdot = rates(formulation, context, t, y, dyn)
         return dyn.force, dyn.multipliers, qdot, vdot
 
-    with solver_errors(False):
-        return _along(one, ts, ys, (False, rows == 0, False, False))
+    return _along(one, ts, ys, (False, rows == 0, False, False))
 
 
 def _dynamics_of_solution(sol: Solution):

@@ -303,6 +303,31 @@ def test_mass_matrix_loses_definiteness_eagerly():
     assert sol.result == cdiff.RESULTS.nonfinite
 
 
+class IndefiniteOnCircle(cdiff.AbstractModel):
+    """A point on the unit circle whose mass matrix diag(1, -1) is indefinite."""
+
+    def mass_matrix(self, t, q):
+        return jnp.diag(jnp.array([1.0, -1.0], q.dtype))
+
+    def holonomic(self, t, q):
+        return jnp.atleast_1d(q @ q - 1.0)
+
+
+@pytest.mark.parametrize("projection", [
+    cdiff.NewtonProjection(mass_weighted=True), cdiff.GradientProjection(metric="mass")],
+    ids=["newton", "gradient"])
+def test_projection_mass_check_follows_throw(projection):
+    """A mass-weighted projection checks the mass matrix: with `throw` (the
+    default, as in `simulate`) a failed check raises naming the model; without,
+    it returns NaN, which `simulate(..., throw=False)` reports as a result code."""
+    model, q = IndefiniteOnCircle(), jnp.array([1.1, 0.2])
+    with pytest.raises(JIT_RUNTIME_ERRORS, match="IndefiniteOnCircle.mass_matrix"):
+        jax.block_until_ready(projection.position(model, 0.0, q))
+    assert np.all(np.isnan(np.asarray(projection.position(model, 0.0, q, throw=False))))
+    plain = cdiff.NewtonProjection(iterations=6).position(model, 0.0, q)  # no mass
+    assert abs(float(plain @ plain) - 1.0) < 1e-12
+
+
 class Skewed(cdiff.AbstractModel):
     """M = [[2, skew], [0, 2]]: symmetric only for skew = 0."""
 

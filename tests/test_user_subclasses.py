@@ -7,6 +7,7 @@ a closed form of the closed loop.
 (AbstractStatefulController is exercised in tests/test_control_state.py.)"""
 
 import equinox as eqx
+import pytest
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -156,8 +157,25 @@ class MinimumNorm(cdiff.AbstractProjection):
 
     iterations: int = eqx.field(static=True, default=3)
 
-    def corrector(self, model, t, q, A):
+    def corrector(self, model, t, q, A, *, throw=True):
         return lambda A, r: jnp.linalg.lstsq(A, r)[0]
+
+
+def test_user_projection_without_throw():
+    """A corrector written before `throw` was passed still works, with a
+    DeprecationWarning at the class statement naming the fix."""
+    with pytest.warns(DeprecationWarning, match=r"corrector.*`\*, throw: bool = True`"):
+        class Old(cdiff.AbstractProjection):
+            iterations: int = eqx.field(static=True, default=3)
+
+            def corrector(self, model, t, q, A):
+                return lambda A, r: jnp.linalg.lstsq(A, r)[0]
+
+    q = jnp.asarray(Q0) * 1.01  # off the circle
+    new, old = MinimumNorm().position(MODEL, 0.0, q), Old().position(MODEL, 0.0, q)
+    np.testing.assert_array_equal(np.asarray(old), np.asarray(new))
+    assert abs(float(MODEL.holonomic(0.0, q)[0])) > 1e-3
+    assert abs(float(MODEL.holonomic(0.0, old)[0])) < 1e-12
 
 
 def test_user_projection():

@@ -52,6 +52,11 @@ class Context(eqx.Module):
     y = f.init_state(0.0, q, v, context)
     dyn = f.dynamics(0.0, y, context, f.freeze(0.0, dt, y, context))
     ```
+
+    `throw` says how the run-time checks of the model at the states a solver
+    reaches (a mass matrix no longer positive definite, ...) behave: they raise
+    (`True`, the default), or they turn the checked values into NaN so that the
+    solve ends with `RESULTS.nonfinite` (`simulate(..., throw=False)`).
     """
 
     model: AbstractModel
@@ -59,6 +64,7 @@ class Context(eqx.Module):
     e0: Float[Array, ""]
     aux: Any = None
     formulation: Any = None
+    throw: bool = eqx.field(static=True, default=True)
 
 
 class Dynamics(eqx.Module):
@@ -166,7 +172,7 @@ class AbstractFormulation(eqx.Module):
         """Map the state onto the constraints with a post-step `projection` (see
         [`cdiff.Projected`][]). Default: `(q, v) = projection(model, t, q, v)`."""
         q, v = y
-        return projection(context.model, t, q, v)
+        return projection(context.model, t, q, v, throw=context.throw)
 
     def end_step(self, t, y, context: Context) -> PyTree:
         """Map the state at the end of every step (e.g. re-orthonormalise a carried
@@ -206,7 +212,7 @@ def free_motion(context: Context, t, q, v, terms: Terms | None = None):
     **Returns:** `(mass_factor, a, kinematics)`."""
     if terms is None:
         terms = context.model.terms(t, q, v)
-    _, mf = checked_mass(context.model, t, q, terms)
+    _, mf = checked_mass(context.model, t, q, terms, throw=context.throw)
     a = mf.solve(applied_forces(context, t, q, v, terms))
     return mf, a, terms.kinematics
 

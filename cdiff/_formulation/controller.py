@@ -121,7 +121,8 @@ class ControllerState(AbstractFormulation):
         q, v = self.formulation.coordinates(t, y_inner, context)
         plant = self._plant(t, y_inner, z, context, frozen)
         if control.measures:
-            measurement, dyn = _close_loop(plant, control, context.model, t, q, v)
+            measurement, dyn = _close_loop(plant, control, context.model, t, q, v,
+                                           throw=context.throw)
         else:
             measurement, dyn = None, plant(None)
         rate = control.state_rate(t, q, v, z, measurement)
@@ -147,7 +148,8 @@ class ControllerState(AbstractFormulation):
         return self.formulation.end_step(t, y[0], context), y[1]
 
 
-def _close_loop(plant, control: AbstractStatefulController, model, t, q, v):
+def _close_loop(plant, control: AbstractStatefulController, model, t, q, v, *,
+                throw: bool):
     r"""The measurement $\lambda_m$ with $\lambda_m = $ `plant(lambda_m).multipliers`
     (Newton, `control.measurement_iterations` steps from zero, exact Jacobian) and
     the dynamics there, with the run-time check of the residual."""
@@ -174,6 +176,7 @@ def _close_loop(plant, control: AbstractStatefulController, model, t, q, v):
         "d lambda / d lambda_m is singular there (the loop is ill posed), or the law "
         f"is nonlinear in the measurement and {control.measurement_iterations} "
         "Newton step(s) (measurement_iterations) did not converge.",
+        throw=throw,
     )
     return lam, dyn
 

@@ -208,7 +208,8 @@ class AbstractDAEFormulation(AbstractFormulation):
         $C = A_vR^{-1}$ ($CC^T = A_vM^{-1}A_v^T$, the reduction index matrix)."""
         terms = context.model.terms(t, q, v)
         _, A_v = terms.velocity_constraints
-        C = checked_mass(context.model, t, q, terms)[1].weight(self.kept(A_v))
+        C = checked_mass(context.model, t, q, terms,
+                         throw=context.throw)[1].weight(self.kept(A_v))
         ev = jnp.linalg.eigvalsh(C @ C.T)
         return jnp.sqrt(jnp.maximum(ev[0], 0.0)), jnp.sqrt(jnp.maximum(ev[-1], 0.0))
 
@@ -324,7 +325,8 @@ class GGL(AbstractDAEFormulation):
         f = applied_forces(context, t, q, v, terms) + A_v.T @ lam
         kinematic = qdot - model.position_rate(t, q, v + G.T @ mu)
         if self.variant == "mass":
-            dynamic = [vdot - checked_mass(model, t, q, terms)[1].solve(f)]
+            mf = checked_mass(model, t, q, terms, throw=context.throw)[1]
+            dynamic = [vdot - mf.solve(f)]
         else:
             dynamic = [vdot - w, terms.mass_matrix @ w - f]
         return jnp.concatenate([kinematic, *dynamic, r_v, phi])

@@ -219,7 +219,7 @@ class NullSpace(AbstractFormulation):
         q, nu, R = y
         model = context.model
         v = self._admissible(model, t, q, nu, R)
-        q = projection.position(model, t, q)
+        q = projection.position(model, t, q, throw=context.throw)
         return q, self._fit_nu(model, t, q, R, v), R
 
     def end_step(self, t, y, context: Context):
@@ -249,7 +249,7 @@ class NullSpace(AbstractFormulation):
         M = model.mass_matrix(t, q)
         M = error_if(M, ~is_symmetric(M), f"cdiff: {type(model).__name__}."
                      "mass_matrix(t, q) is not symmetric at a state reached by the "
-                     "solver.")
+                     "solver.", throw=context.throw)
         SMS = S.T @ M @ S
         chol = cholesky(SMS)
         chol = error_if(
@@ -258,6 +258,7 @@ class NullSpace(AbstractFormulation):
             "cdiff.NullSpace: S^T M S is not positive definite: the transported "
             "null-space basis P(q) R lost rank within a step (the rank of the "
             "constraint Jacobian changed, or the step is too large).",
+            throw=context.throw,
         )
         return S, qdot, gamma, M, chol, pinv
 

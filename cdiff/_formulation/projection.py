@@ -136,7 +136,7 @@ class Projection(AbstractFormulation):
         q, v = y
         model = context.model
         terms = model.terms(t, q, v)
-        M, _ = checked_mass(model, t, q, terms)
+        M, _ = checked_mass(model, t, q, terms, throw=context.throw)
         f = applied_forces(context, t, q, v, terms)
         kin = terms.kinematics
         pinv = PseudoInverse(kin.A_v, self.rtol, self.damping)
