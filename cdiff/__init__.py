@@ -26,6 +26,8 @@ from ._formulation.nullspace import NullSpace as NullSpace
 from ._formulation.projection import Projection as Projection
 from ._formulation.regularized import Regularized as Regularized
 from ._formulation.udwadia_kalaba import UdwadiaKalaba as UdwadiaKalaba
+from ._impact import Impact as Impact
+from ._impact import impact as impact
 from ._kinematics import (
     EnergyLaw as EnergyLaw,
     Kinematics as Kinematics,
@@ -73,10 +75,10 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
 
 __all__ = [
     "AbstractDAEFormulation", "AbstractFormulation", "AbstractModel",
-    "AbstractProjection", "BDF", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "IndexOne",
+    "AbstractProjection", "BDF", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "Impact", "IndexOne",
     "Kinematics", "Lagrange", "NewtonProjection", "NullSpace", "Projected",
     "Projection", "RESULTS", "RK4", "Regularized", "SaveAt", "Sketch", "Solution",
     "Terms", "UdwadiaKalaba", "analysis", "animate", "compiler_options",
-    "consistent_state", "control", "kinematics", "models", "simulate", "studies",
+    "consistent_state", "control", "impact", "kinematics", "models", "simulate", "studies",
     "use_compilation_cache",
 ]

@@ -110,6 +110,19 @@ def _holonomic_jacobian(model: AbstractModel, t, q):
     return phi, jax.vmap(lambda r: rate_transpose(r)[0])(rows)
 
 
+def unilateral_jacobian(model: AbstractModel, t, q):
+    r"""`(g, G, g_t)`: the unilateral rows $g(t, q)$ (see
+    [`cdiff.AbstractModel.unilateral`][]), their velocity Jacobian
+    $G = (\partial g/\partial q)\,T(q)$, shape `(r, nv)`, and $\partial g/\partial t$,
+    so that $\dot g = Gv + \partial g/\partial t$."""
+    t = jnp.asarray(t, dtype=q.dtype)
+    g, rows = jacobian(lambda q: model.unilateral(t, q), q)
+    zero = jnp.zeros(velocity_size(model, q), q.dtype)
+    _, rate_transpose = jax.vjp(lambda w: model.position_rate(t, q, w), zero)
+    _, g_t = jax.jvp(lambda t: model.unilateral(t, q), (t,), (_unit(t),))
+    return g, jax.vmap(lambda r: rate_transpose(r)[0])(rows), g_t
+
+
 def _kinematics(model: AbstractModel, t, q, v) -> Kinematics:
     """Every constraint term by autodiff: a Jacobian and a `jvp` of a `jvp` for
     $b_{qv}$, and the nonholonomic rows as `_nonholonomic_kinematics`."""

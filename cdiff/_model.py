@@ -40,8 +40,17 @@ class AbstractModel(eqx.Module):
       [`cdiff.UdwadiaKalaba`][] and for energy diagnostics.
     - `input_matrix(t, q)`: $E$, shape `(nv, nu)`, mapping control inputs to
       generalized forces. Default `None`: $E = I$, the input is a generalized force.
+    - `unilateral(t, q)`: one-sided constraints $g(t, q) \ge 0$ (joint limits,
+      stops, a point above a plane), shape `(r,)`. Default: none. A row that
+      reaches zero is hit (an impact with the model's `restitution`), then holds
+      as an equality while its force pushes and is released when it would pull
+      (see [`cdiff.impact`][]).
 
     **Declarations:**
+
+    - `restitution`: Newton's coefficient of restitution $e \in [0, 1]$ of the
+      unilateral rows' impacts, a scalar or one per row (default 0: plastic). A
+      model may declare it as a field, so that `jax.vmap` and `jax.grad` reach it.
 
     - `conservative`: whether `energy` is conserved by the model's own forces
       (default `True`). A model whose applied forces do work or dissipate sets
@@ -83,6 +92,17 @@ class AbstractModel(eqx.Module):
         r"""Nonholonomic residuals $\Phi_v(t, q, v)$, shape `(p,)`. Default: none."""
         del t, v
         return jnp.zeros((0,), dtype=q.dtype)
+
+    def unilateral(self, t, q):
+        r"""One-sided constraints $g(t, q) \ge 0$, shape `(r,)`. Default: none."""
+        del t
+        return jnp.zeros((0,), dtype=q.dtype)
+
+    @property
+    def restitution(self):
+        """Newton's coefficient of restitution of the unilateral rows' impacts, a
+        scalar or one per row (see the class docstring). Default: 0 (plastic)."""
+        return 0.0
 
     @property
     def conservative(self) -> bool:
