@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -220,6 +221,53 @@ def check_save_times(saveat, t0, t1) -> None:
     if ts[0] < float(t0) or ts[-1] > float(t1):
         raise ValueError(f"cdiff.simulate: saveat.ts must lie in [t0, t1] = "
                          f"[{float(t0)}, {float(t1)}]; got [{ts[0]}, {ts[-1]}]")
+
+
+def check_unilateral(model, formulation, solver, stepsize_controller, saveat, adjoint,
+                     control, t0, q0) -> int:
+    """The number of unilateral rows of `model`; where it has any, checked that the
+    solve can enforce them: an acceleration-level ODE formulation whose state is
+    `(q, v)`, cdiff's RK4 with a constant step and the default adjoint, and a
+    `SaveAt` of `t0`, `t1` and/or `steps` (no save times yet)."""
+    from ._formulation.lagrange import Lagrange
+    from ._formulation.projection import Projection
+    from ._formulation.udwadia_kalaba import UdwadiaKalaba
+    from ._solver.rk4 import RK4
+
+    r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
+    if len(r) != 1:
+        raise ValueError(f"{type(model).__name__}.unilateral(t, q) must return a "
+                         f"vector, got shape {r}")
+    if r[0] == 0:
+        return 0
+    name = type(model).__name__
+    e = np.asarray(model.restitution) if is_concrete(model.restitution) else None
+    if e is not None and not (np.all(e >= 0) and np.all(e <= 1)):
+        raise ValueError(f"{name}.restitution must lie in [0, 1], got {e}")
+    unsupported = []
+    if type(formulation) not in (UdwadiaKalaba, Lagrange, Projection):
+        unsupported.append(f"the formulation {type(formulation).__name__} (supported: "
+                           "UdwadiaKalaba, Lagrange, Projection)")
+    if control is not None and isinstance(control, AbstractStatefulController):
+        unsupported.append("a stateful controller")
+    if type(solver) is not RK4 or not solver.fast_paths:
+        unsupported.append(f"the solver {type(solver).__name__} (supported: "
+                           "cdiff.RK4())")
+    if stepsize_controller is not None and not isinstance(
+            stepsize_controller, diffrax.ConstantStepSize):
+        unsupported.append("an adaptive step size")
+    if adjoint is not None:
+        unsupported.append("an adjoint other than the default")
+    sub = plain_saveat(saveat) if saveat is not None else None
+    if saveat is not None and (sub is None or sub.ts is not None
+                               or sub.steps not in (0, 1, True, False)):
+        unsupported.append("this saveat (supported: SaveAt(t0=, t1=, steps=))")
+    if unsupported:
+        raise ValueError(
+            f"cdiff.simulate: {name} has {r[0]} unilateral row(s) (unilateral(t, "
+            "q)), whose events and impacts cdiff integrates with cdiff.RK4 at a "
+            "constant step so far; not with " + "; ".join(unsupported) + ".")
+    return r[0]
 
 
 def check_combination(model, formulation, control, q0, v0, t0) -> None:

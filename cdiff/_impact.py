@@ -41,7 +41,9 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     row $i$ that takes part leaves with $\dot g_i^+ = -e_i\,\dot g_i^-$ when it
     arrived ($\dot g_i^- < 0$), $\dot g_i^+ = 0$ otherwise. Then
     $M(v^+ - v) = A_v^T\mu + G^T\lambda$: $\lambda$, the impulses of the unilateral
-    rows, is returned. With $e = 0$ (plastic) and one row, the kinetic energy lost
+    rows, is returned. The rates $\dot g^-$ are read from `v` made admissible
+    first (projected onto the equalities in the same metric), so that an
+    integrator's drift off them is not taken for an approach. With $e = 0$ (plastic) and one row, the kinetic energy lost
     is $\tfrac12(\dot g^-)^2/(GM^{-1}G^T)$ (the equalities held); with $e = 1$ none.
 
     **Simultaneous impacts** are one projection. The rows that take part start as
@@ -63,15 +65,21 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     """
     q = jnp.asarray(q)
     v = jnp.asarray(v, q.dtype)
+    mf = checked_mass(model, t, q, throw=throw)[1]
+    r_v, A_v = velocity_constraints(model, t, q, v)
+    k = A_v.shape[0]
+    if k:
+        # The velocity made admissible first (an integrator's drift off the
+        # equalities is not part of the impact): Newton's law reads its rates.
+        pinv = PseudoInverse(mf.weight(A_v), rtol)
+        v = v + mf.unweight(pinv.solve(-r_v))
+        r_v = jnp.zeros_like(r_v)
     g, gdot, G = unilateral_rate(model, t, q, v)
     if hit is None:
         hit = g <= 0
     hit = jnp.broadcast_to(jnp.asarray(hit, bool), g.shape)
     e = model.restitution if restitution is None else restitution
     e = jnp.broadcast_to(jnp.asarray(e, q.dtype), g.shape)
-    mf = checked_mass(model, t, q, throw=throw)[1]
-    r_v, A_v = velocity_constraints(model, t, q, v)
-    k = A_v.shape[0]
     # The change of each row's rate Newton's law asks for.
     change = -jnp.where(gdot < 0, 1 + e, 1.0) * gdot
 
@@ -88,3 +96,49 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
         rows = (rows & (impulse >= 0)) | (hit & ~rows & (gdot_new < 0))
     v_new, impulse = project(rows)
     return Impact(v_new, impulse, rows)
+
+
+class WithUnilateral(AbstractModel):
+    """`model` with its unilateral rows that are `active` appended to its holonomic
+    rows as equalities (an inactive row is a zero row, so that the shapes stay
+    fixed under `jax.vmap`). What a solve with unilateral rows integrates between
+    events; every other method is `model`'s."""
+
+    model: AbstractModel
+    active: Bool[Array, " r"]
+
+    def mass_matrix(self, t, q):
+        return self.model.mass_matrix(t, q)
+
+    def forces(self, t, q, v):
+        return self.model.forces(t, q, v)
+
+    def holonomic(self, t, q):
+        g = self.model.unilateral(t, q)
+        return jnp.concatenate([self.model.holonomic(t, q), jnp.where(self.active, g, 0.0)])
+
+    def nonholonomic(self, t, q, v):
+        return self.model.nonholonomic(t, q, v)
+
+    def unilateral(self, t, q):
+        return self.model.unilateral(t, q)
+
+    @property
+    def restitution(self):
+        return self.model.restitution
+
+    @property
+    def conservative(self) -> bool:
+        return self.model.conservative
+
+    def energy(self, t, q, v):
+        return self.model.energy(t, q, v)
+
+    def input_matrix(self, t, q):
+        return self.model.input_matrix(t, q)
+
+    def position_rate(self, t, q, v):
+        return self.model.position_rate(t, q, v)
+
+    def integrate_position(self, q, dv):
+        return self.model.integrate_position(q, dv)

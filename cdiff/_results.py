@@ -39,6 +39,12 @@ class RESULTS(diffrax.RESULTS):
         "the integrator's stability limit (take a smaller dt), or constraints that "
         "cannot be met together."
     )
+    event_limit = (
+        "cdiff.simulate: a step of the grid needed more sub-steps than allowed "
+        "(events located, impacts and the sub-steps between them): unilateral rows "
+        "hit and released over and over within one step (chattering). Take a "
+        "smaller dt."
+    )
     inconsistent_constraints = (
         "cdiff.simulate: the holonomic constraints are inconsistent: no "
         "configuration satisfies them all (the solve ended at a nonzero "

@@ -18,6 +18,7 @@ from ._results import is_concrete
 from ._solution import Trajectory, plain_saveat
 from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_route
+from ._solver.events import event_rk4_route
 from ._solver.frozen import diffrax_route
 from ._solver.grid import UniformGrid
 from ._solver.rk4 import CHECKPOINT_EVERY_STEP, RK4, SavePlan, blocks_of, rk4_route, save_plan
@@ -79,6 +80,24 @@ class OwnRK4Route(AbstractRoute):
             keep_stages=self.steps <= _KEEP_STAGES, throw=self.throw,
             save_ts=save_ts, plan=self.plan, blocks=self.blocks[0],
             block=self.blocks[1], progress=self.progress)
+        return dataclasses.replace(trajectory, dt=grid.step, dt_taken=grid.step)
+
+
+class EventRK4Route(AbstractRoute):
+    """Constant-step RK4 with unilateral rows: events located inside the step,
+    impacts and the active set (`event_rk4_route`)."""
+
+    steps: int
+    save: tuple[bool, bool, bool]  # t0, t1, steps
+    rows: int
+    throw: bool
+
+    def __call__(self, problem: Problem):
+        grid = UniformGrid.build(problem.t0, problem.t1, problem.dt, self.rows + 1)
+        trajectory = event_rk4_route(
+            problem, grid.ts, steps=self.steps, save_t0=self.save[0],
+            save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
+            throw=self.throw)
         return dataclasses.replace(trajectory, dt=grid.step, dt_taken=grid.step)
 
 
@@ -213,9 +232,17 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
 
 
 def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
-                 max_steps: int, throw: bool, times) -> AbstractRoute:
+                 max_steps: int, throw: bool, times, *, unilateral: bool = False
+                 ) -> AbstractRoute:
     """The route of a solve: `cdiff.BDF` by its own; cdiff's RK4 loop where it
-    applies (see `_own_loop_steps`); else `diffrax.diffeqsolve`."""
+    applies (see `_own_loop_steps`), with events for a model with `unilateral`
+    rows (`check_unilateral` has checked that it applies); else
+    `diffrax.diffeqsolve`."""
+    if unilateral:
+        sub = plain_saveat(saveat)
+        return EventRK4Route(constant_steps(*times), (bool(sub.t0), bool(sub.t1),
+                                                      bool(sub.steps)),
+                             max_steps, throw)
     if isinstance(solver, BDF):
         return _bdf_route(solver, saveat, adjoint, progress, max_steps, throw=throw)
     return _ode_route(solver, stepsize_controller, saveat, adjoint, progress,

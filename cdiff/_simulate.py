@@ -10,10 +10,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._consistent import inconsistency
+from ._impact import WithUnilateral
 from ._formulation.base import AbstractFormulation
 from ._model import AbstractModel, check_model
 from ._checks import (
     check_combination,
+    check_unilateral,
     check_divergence,
     check_formulation,
     check_max_steps,
@@ -151,6 +153,12 @@ def simulate(
                            constant=constant, sizes=(nq + v0.shape[0], m + p),
                            dtype=dtype)
     check_combination(model, formulation, control, q0, v0, t0)
+    unilateral = check_unilateral(model, formulation, solver, stepsize_controller,
+                                  saveat, adjoint, control, t0, q0)
+    if unilateral:
+        # Rows held as equalities while active: none at the start (a row at
+        # contact and arriving is hit by the first step).
+        model = WithUnilateral(model, jnp.zeros(unilateral, bool))
     divergence = check_divergence(divergence, dtype)
     # Python floats in modules would be static under jit (one compilation per
     # value); as weakly-typed arrays they are traced, so sweeps reuse compilations.
@@ -170,7 +178,8 @@ def simulate(
 
     def solve(inner_throw: bool) -> Solution:
         route = choose_route(solver, stepsize_controller, saveat, adjoint, progress,
-                             max_steps, inner_throw, (t0, t1, dt))
+                             max_steps, inner_throw, (t0, t1, dt),
+                             unilateral=bool(unilateral))
         return _solve(route, model, formulation, control, q0, v0, *times,
                       throw=inner_throw, checks=inner_throw, checked=concrete,
                       divergence=divergence)

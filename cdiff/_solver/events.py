@@ -1,0 +1,276 @@
+r"""Constant-step RK4 with unilateral constraints: events located inside the step,
+impacts, and the active set.
+
+Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
+(`equinox.internal.while_loop`, reverse-mode differentiable):
+
+1. **Release.** Before a sub-step, an active row whose multiplier would pull
+   ($\lambda_i < 0$, Aghili's condition that a unilateral constraint holds only
+   while its force pushes) is released.
+2. **Detection.** An RK4 step to $t_b$ with the active rows held as equalities; an
+   inactive row that ends below zero, and lower than it started, is crossed.
+3. **Location.** The crossing time is the root of $m(t) = \min_i g_i$ over the
+   inactive rows, with each trial time integrated by RK4 from the sub-step's start
+   (Illinois' regula falsi, to round-off in $g$). The state at the root is
+   corrected to first order, $t^* = t - m/\dot m$, with $t$ held constant under
+   differentiation: the event time's derivative is the implicit function
+   theorem's, $dt^*/dp = -(\partial m/\partial p)/\dot m$.
+4. **Impact** ([`cdiff.impact`][]) on the rows at contact, with the model's
+   restitution. A row that bounces back slower than it could leave for a whole
+   step, $2\dot g^+ < -\ddot g\,\Delta t$, stops instead (plastic): repeated
+   bounces that shrink geometrically end in contact after finitely many impacts.
+   Plastic rows become active; the energy reference of the formulation is reset
+   to the energy after the impact. The sub-steps go on from $t^*$ to $t_b$.
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Bool, Float
+
+from .._impact import WithUnilateral, impact, unilateral_rate
+from .._problem import Problem
+from .._results import RESULTS
+from .._solution import Trajectory, stack_saved
+
+# Sub-steps (detection, location trials, sub-steps after events) within one step.
+MAX_SUBSTEPS = 64
+# Illinois trials before the event is taken where the bracket stands.
+_MAX_TRIALS = 48
+# Events recorded per solve (the count goes on beyond).
+MAX_EVENTS = 64
+
+
+class Events(eqx.Module):
+    """The impacts of a solve, in order (`Solution.stats["events"]`): the first
+    `MAX_EVENTS` of them, unused rows NaN. `count` counts them all."""
+
+    t: Float[Array, " n"]
+    q: Float[Array, "n nq"]
+    v_before: Float[Array, "n nv"]
+    v_after: Float[Array, "n nv"]
+    impulse: Float[Array, "n r"]
+    rows: Bool[Array, "n r"]
+    rest: Bool[Array, "n r"]
+    count: Array
+
+    @classmethod
+    def empty(cls, q, v, r: int):
+        nan = jnp.asarray(jnp.nan, q.dtype)
+        n = MAX_EVENTS
+        return cls(jnp.full((n,), nan), jnp.full((n,) + q.shape, nan),
+                   jnp.full((n,) + v.shape, nan), jnp.full((n,) + v.shape, nan),
+                   jnp.full((n, r), nan), jnp.zeros((n, r), bool),
+                   jnp.zeros((n, r), bool), jnp.zeros((), jnp.int32))
+
+    def add(self, when, t, q, v_before, v_after, impulse, rows, rest) -> Events:
+        i = jnp.minimum(self.count, MAX_EVENTS - 1)
+        write = when & (self.count < MAX_EVENTS)
+
+        def put(buf, x):
+            return buf.at[i].set(jnp.where(write, x, buf[i]))
+
+        return Events(put(self.t, t), put(self.q, q), put(self.v_before, v_before),
+                      put(self.v_after, v_after), put(self.impulse, impulse),
+                      put(self.rows, rows), put(self.rest, rest),
+                      self.count + when.astype(jnp.int32))
+
+
+class _Carry(NamedTuple):
+    t: Float[Array, ""]
+    y: tuple
+    active: Bool[Array, " r"]
+    e0: Float[Array, ""]
+    locating: Bool[Array, ""]
+    lo: Float[Array, ""]
+    hi: Float[Array, ""]
+    m_lo: Float[Array, ""]
+    m_hi: Float[Array, ""]
+    side: Array
+    trials: Array
+    done: Bool[Array, ""]
+    events: Events
+    substeps: Array
+
+
+def _rk4(problem: Problem, t0, t1, y):
+    """One classic RK4 step of the problem's vector field: the state at `t1` and
+    the rate of the last stage."""
+    h = t1 - t0
+    frozen = problem.freeze(t0, t1, y)
+
+    def axpy(a, k):
+        return jax.tree.map(lambda y, k: y + a * h * k, y, k)
+
+    k1 = problem.rate(t0, y, frozen)
+    k2 = problem.rate(t0 + h / 2, axpy(0.5, k1), frozen)
+    k3 = problem.rate(t0 + h / 2, axpy(0.5, k2), frozen)
+    k4 = problem.rate(t1, axpy(1.0, k3), frozen)
+    inc = jax.tree.map(lambda a, b, c, d: (a + 2 * b + 2 * c + d) / 6, k1, k2, k3, k4)
+    return problem.end_step(t1, axpy(1.0, inc)), k4
+
+
+def _with(problem: Problem, active, e0) -> Problem:
+    return eqx.tree_at(lambda p: (p.context.model.active, p.context.e0), problem,
+                       (active, e0))
+
+
+def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest):
+    """The state at `tb` from `y` at `ta`, with the events between: `(y, active,
+    e0, events, done)`; `done` is False when the sub-steps ran out."""
+    wrapped: WithUnilateral = problem.context.model
+    model = wrapped.model
+    m_base = jax.eval_shape(model.holonomic, ta, y[0]).shape[0]
+    r = active.shape[0]
+    dtype = ta.dtype
+    eps = jnp.finfo(dtype).eps
+    e = jnp.broadcast_to(jnp.asarray(model.restitution, dtype), (r,))
+
+    def gap(t, q, active):
+        g = model.unilateral(t, q)
+        return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
+
+    def release(c: _Carry):
+        prob = _with(problem, c.active, c.e0)
+        frozen = prob.freeze(c.t, tb, c.y)
+        lam = prob.formulation.dynamics(c.t, c.y, prob.context, frozen).multipliers
+        pulls = lam[m_base:m_base + r] < 0
+        return c.active & ~(pulls & ~c.locating)
+
+    def body(c: _Carry) -> _Carry:
+        active = jax.lax.cond(jnp.any(c.active), release, lambda c: c.active, c)
+        prob = _with(problem, active, c.e0)
+        # Illinois' trial point in the bracket, or the end of the step.
+        secant = (c.lo * c.m_hi - c.hi * c.m_lo) / (c.m_hi - c.m_lo)
+        t_try = jax.lax.stop_gradient(jnp.where(c.locating, jnp.clip(secant, c.lo, c.hi),
+                                                tb))
+        y_try, k_last = _rk4(prob, c.t, t_try, c.y)
+        q_try, v_try = y_try
+        m_start, _ = gap(c.t, c.y[0], active)
+        m_try, g_try = gap(t_try, q_try, active)
+        scale = jnp.maximum(1.0, jnp.max(jnp.abs(q_try)))
+        tol = 8 * eps * scale
+        crossed = (m_try < 0) & (m_try < jnp.minimum(m_start, 0.0))
+        # Free sub-step: accepted unless a row was crossed, which opens a bracket.
+        start_locating = ~c.locating & crossed
+        # Locating: Illinois' update, or the event when converged.
+        feasible = m_try >= 0
+        width = c.hi - c.lo
+        converged = c.locating & ((jnp.abs(m_try) <= tol)
+                                  | (width <= 4 * eps * jnp.abs(c.hi))
+                                  | (c.trials >= _MAX_TRIALS))
+        event = converged
+        # The event: first-order correction to the root (the implicit derivative).
+        i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
+        _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
+        mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
+        delta = -(m_try - jax.lax.stop_gradient(m_try)) / mdot
+        q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
+        v_e = v_try + delta * k_last[1]
+        t_e = t_try + delta
+        g_e = model.unilateral(t_e, q_e)
+        hit = ~active & (g_e <= eps ** 0.75 * scale)
+        first = impact(model, t_e, q_e, v_e, hit, throw=prob.context.throw)
+        # Rest: a bounce too slow to leave for a step becomes plastic.
+        y_plus = (q_e, first.v)
+        rate = prob.rate(t_e, y_plus, prob.freeze(t_e, t_e + dt_rest, y_plus))
+        gdot_plus, gddot = jax.jvp(
+            lambda q, v: unilateral_rate(model, t_e, q, v)[1],
+            (q_e, first.v), (model.position_rate(t_e, q_e, first.v), rate[1]))
+        rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
+        out = impact(model, t_e, q_e, v_e, hit, restitution=jnp.where(rest, 0.0, e),
+                     throw=prob.context.throw)
+        e_after = model.energy(t_e, q_e, out.v)
+        e_after = c.e0 if e_after is None else jnp.asarray(e_after, dtype)
+
+        accept_free = ~c.locating & ~crossed
+        t_new = jnp.where(event, t_e, jnp.where(accept_free, t_try, c.t))
+        y_new = jax.tree.map(
+            lambda ev, fr, old: jnp.where(event, ev, jnp.where(accept_free, fr, old)),
+            (q_e, out.v), y_try, c.y)
+        active_new = jnp.where(event, active | (out.rows & rest), active)
+        # Bracket: opened on a crossing, narrowed while locating.
+        lo = jnp.where(start_locating, c.t, jnp.where(feasible, t_try, c.lo))
+        hi = jnp.where(start_locating, tb, jnp.where(feasible, c.hi, t_try))
+        m_lo = jnp.where(start_locating, jnp.maximum(m_start, 0.0),
+                         jnp.where(feasible, m_try,
+                                   jnp.where(c.side == -1, c.m_lo / 2, c.m_lo)))
+        m_hi = jnp.where(start_locating, m_try,
+                         jnp.where(feasible, jnp.where(c.side == 1, c.m_hi / 2, c.m_hi),
+                                   m_try))
+        side = jnp.where(start_locating, 0, jnp.where(feasible, 1, -1))
+        locating = jnp.where(start_locating, True, c.locating & ~event)
+        keep = c.locating | start_locating
+        lo, hi, m_lo, m_hi = (jnp.where(keep, a, b) for a, b in
+                              zip((lo, hi, m_lo, m_hi), (c.lo, c.hi, c.m_lo, c.m_hi)))
+        return _Carry(
+            t=t_new, y=y_new, active=active_new,
+            e0=jnp.where(event, e_after, c.e0), locating=locating,
+            lo=lo, hi=hi, m_lo=m_lo, m_hi=m_hi, side=side,
+            trials=jnp.where(locating & ~start_locating, c.trials + 1, 0),
+            done=accept_free,
+            events=c.events.add(event, t_e, q_e, v_e, out.v, out.impulse, out.rows,
+                                rest & out.rows),
+            substeps=c.substeps + 1)
+
+    zero = jnp.zeros((), dtype)
+    init = _Carry(ta, y, active, e0, jnp.asarray(False), zero, zero, zero, zero,
+                  jnp.asarray(0), jnp.asarray(0), jnp.asarray(False), events,
+                  jnp.asarray(0))
+    final = eqxi.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body, init,
+                            max_steps=MAX_SUBSTEPS, kind="checkpointed")
+    return final.y, final.active, final.e0, final.events, final.done
+
+
+def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
+                    save_steps: bool, save_t1: bool, rows: int, throw: bool
+                    ) -> Trajectory:
+    """Integrate `problem` (whose model is a [`WithUnilateral`][]) on the step times
+    `grid_ts` by `event_step`: the route of [`cdiff.simulate`][] for a model with
+    unilateral rows."""
+    dt = grid_ts[1] - grid_ts[0]
+
+    def body(carry, ts):
+        y, active, e0, result, events = carry
+        ta, tb = ts
+        running = result == RESULTS.successful
+        y1, active1, e01, events1, done = event_step(problem, ta, tb, y, active, e0,
+                                                     events, dt_rest=dt)
+        result = RESULTS.where(running & ~done, RESULTS.event_limit, result)
+        keep = running & done
+        y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
+        events = jax.tree.map(lambda a, b: jnp.where(keep, a, b), events1, events)
+        carry = (y, jnp.where(keep, active1, active), jnp.where(keep, e01, e0), result,
+                 events)
+        row = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (tb, y1))
+        return carry, row
+
+    y0 = problem.y0
+    active0 = problem.context.model.active
+    init = (y0, active0, problem.context.e0, RESULTS.successful,
+            Events.empty(y0[0], y0[1], active0.shape[0]))
+    xs = (grid_ts[:steps], grid_ts[1:steps + 1])
+    (y, _, _, result, events), step_rows = jax.lax.scan(body, init, xs)
+    if save_steps and rows > steps:
+        step_rows = jax.tree.map(
+            lambda x: jnp.concatenate([x, jnp.full((rows - steps,) + x.shape[1:],
+                                                   jnp.inf, x.dtype)]), step_rows)
+
+    def row(x):
+        return jax.tree.map(lambda a: a[None], x)
+
+    ts, ys = stack_saved(
+        t0=row((grid_ts[0], y0)) if save_t0 else None,
+        steps=step_rows if save_steps else None,
+        t1=row((grid_ts[steps], y)) if save_t1 and not save_steps else None)
+    if throw:
+        ts = result.error_if(ts, result != RESULTS.successful)
+    taken = jnp.asarray(steps)
+    stats = dict(max_steps=rows, num_steps=taken, num_accepted_steps=taken,
+                 num_rejected_steps=jnp.zeros_like(taken), events=events)
+    return Trajectory(ts, ys, result, stats)

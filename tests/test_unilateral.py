@@ -1,0 +1,251 @@
+"""Unilateral constraints in `cdiff.simulate` against closed forms and an independent
+reference: a bouncing ball (impact times, e^2 per impact, rest in finite time) and
+a Cartesian pendulum against a wall (the wall's event against SciPy's event
+location on the angle ODE, the energy ratio e^2, no penetration), under every
+supported formulation; batches and gradients through an impact."""
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from scipy.integrate import solve_ivp
+
+import cdiff
+
+GRAVITY = 9.81
+FORMULATIONS = {"udwadia-kalaba": cdiff.UdwadiaKalaba(),
+                "lagrange": cdiff.Lagrange(alpha=10.0, beta=10.0),
+                "projection": cdiff.Projection()}
+
+
+class Ball(cdiff.AbstractModel):
+    """A ball of mass 2 at height q >= 0 under gravity."""
+
+    restitution: float = 0.5
+
+    def mass_matrix(self, t, q):
+        return 2.0 * jnp.eye(1, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.full_like(v, -2.0 * GRAVITY)
+
+    def energy(self, t, q, v):
+        return v @ v + 2.0 * GRAVITY * q[0]
+
+    def unilateral(self, t, q):
+        return q
+
+
+def ball_impacts(h0, e, n):
+    """The first `n` impact times and speeds of a ball dropped from rest at h0."""
+    t, u = np.sqrt(2 * h0 / GRAVITY), np.sqrt(2 * GRAVITY * h0)
+    times, speeds = [], []
+    for _ in range(n):
+        times.append(t)
+        speeds.append(u)
+        u *= e
+        t += 2 * u / GRAVITY
+    return np.array(times), np.array(speeds)
+
+
+@pytest.fixture(scope="module")
+def ball_runs():
+    @jax.jit
+    def run(h0, e):
+        model = Ball(restitution=e)
+        return {name: cdiff.simulate(model, f, jnp.array([h0]), jnp.array([0.0]),
+                                     t1=2.5, dt=1e-2)
+                for name, f in FORMULATIONS.items()}
+
+    return run(1.0, 0.5)
+
+
+@pytest.mark.parametrize("name", list(FORMULATIONS))
+def test_bouncing_ball_matches_its_closed_form(ball_runs, name):
+    sol = ball_runs[name]
+    assert sol.result == cdiff.RESULTS.successful
+    ev = sol.stats["events"]
+    n = int(ev.count)
+    times, speeds = ball_impacts(1.0, 0.5, n)
+    t_rest = times[0] * (1 + 0.5) / (1 - 0.5)
+    # Free flight is quadratic in t, which RK4 integrates exactly: impact times
+    # and speeds to round-off.
+    bounced = ~np.asarray(ev.rest[:n, 0])
+    np.testing.assert_allclose(np.asarray(ev.t[:n]), times, rtol=0, atol=1e-10)
+    np.testing.assert_allclose(-np.asarray(ev.v_before[:n, 0]), speeds, rtol=1e-10)
+    # Kinetic energy after a bounce: e^2 of that before.
+    before, after = np.asarray(ev.v_before[:n, 0]), np.asarray(ev.v_after[:n, 0])
+    np.testing.assert_allclose(after[bounced] ** 2, 0.25 * before[bounced] ** 2,
+                               rtol=1e-12)
+    # The last impact is the plastic one of the rest rule; it comes before the
+    # closed form's time of rest, by less than a step's worth of bounces.
+    assert bool(ev.rest[n - 1, 0]) and bounced[: n - 1].all()
+    assert 0 <= t_rest - times[-1] < 2 * 1e-2
+    # At rest from there: on the ground, without penetration.
+    ts, q, v = (np.asarray(x) for x in (sol.ts, sol.q[:, 0], sol.v[:, 0]))
+    after_rest = ts > times[-1] + 1e-2
+    assert after_rest.sum() > 10
+    assert np.abs(q[after_rest]).max() < 1e-12
+    assert np.abs(v[after_rest]).max() < 1e-12
+    assert q.min() > -1e-12
+
+
+class PendulumAgainstWall(cdiff.AbstractModel):
+    """A unit point mass on a rod of length l in Cartesian coordinates, and a wall
+    at x = -a: g = x + a >= 0."""
+
+    l: float = 1.0
+    a: float = 0.4
+    restitution: float = 0.6
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.array([0.0, -GRAVITY], q.dtype)
+
+    def energy(self, t, q, v):
+        return 0.5 * v @ v + GRAVITY * q[1]
+
+    def holonomic(self, t, q):
+        return jnp.atleast_1d(q @ q - self.l**2)
+
+    def unilateral(self, t, q):
+        return jnp.atleast_1d(q[0] + self.a)
+
+
+def wall_reference(theta0, l, a, e, t1, impacts):
+    """Impact times and angular speeds of the angle ODE (DOP853, 1e-13, SciPy's
+    event location), the angular velocity reversed by e at each."""
+    def rhs(t, y):
+        return [y[1], -GRAVITY / l * np.sin(y[0])]
+
+    def wall(t, y):
+        return np.sin(y[0]) + a / l
+
+    wall.terminal, wall.direction = True, -1
+    t, y, out = 0.0, [theta0, 0.0], []
+    while len(out) < impacts:
+        sol = solve_ivp(rhs, (t, t1), y, method="DOP853", rtol=1e-13, atol=1e-13,
+                        events=wall)
+        t, y = sol.t_events[0][0], sol.y_events[0][0]
+        out.append((t, y[1]))
+        y = [y[0], -e * y[1]]
+    return np.array(out)
+
+
+@pytest.fixture(scope="module")
+def wall_runs():
+    model = PendulumAgainstWall()
+    theta0 = 0.6
+    q0 = jnp.array([np.sin(theta0), -np.cos(theta0)])
+
+    @jax.jit
+    def run(q0):
+        return {name: cdiff.simulate(model, f, q0, jnp.zeros(2), t1=3.0, dt=2e-3)
+                for name, f in FORMULATIONS.items()}
+
+    return model, wall_reference(theta0, 1.0, 0.4, 0.6, 3.0, 2), run(q0)
+
+
+@pytest.mark.parametrize("name", list(FORMULATIONS))
+def test_pendulum_against_a_wall_matches_the_angle_ode(wall_runs, name):
+    model, reference, runs = wall_runs
+    sol = runs[name]
+    assert sol.result == cdiff.RESULTS.successful
+    ev = sol.stats["events"]
+    assert int(ev.count) >= 2
+    t_ref, omega_ref = reference[:, 0], reference[:, 1]
+    np.testing.assert_allclose(np.asarray(ev.t[:2]), t_ref, rtol=0, atol=1e-9)
+    speed = np.linalg.norm(np.asarray(ev.v_before[:2]), axis=1)
+    np.testing.assert_allclose(speed, np.abs(omega_ref), rtol=1e-8)
+    # One degree of freedom: the impact reverses the velocity along the circle,
+    # scaled by e, so the kinetic energy falls by e^2. (The impact also removes
+    # the integrator's drift off the circle's tangent, ~1e-10 of the speed:
+    # compared is the energy of the tangential part before.)
+    q_ev, v_ev = np.asarray(ev.q[:2]), np.asarray(ev.v_before[:2])
+    normal = q_ev / np.linalg.norm(q_ev, axis=1, keepdims=True)
+    tangential = v_ev - np.sum(v_ev * normal, axis=1, keepdims=True) * normal
+    before = np.sum(tangential**2, axis=1)
+    after = np.sum(np.asarray(ev.v_after[:2]) ** 2, axis=1)
+    np.testing.assert_allclose(after, 0.36 * before, rtol=1e-12)
+    assert np.all(np.asarray(ev.impulse[:2, 0]) > 0)
+    # The event states lie on the wall and on the circle; no saved state is
+    # behind the wall.
+    q_ev = np.asarray(ev.q[:2])
+    assert np.abs(q_ev[:, 0] + 0.4).max() < 1e-12
+    assert np.abs(np.sum(q_ev**2, axis=1) - 1).max() < 1e-9
+    assert float(np.min(np.asarray(sol.q[:, 0]))) > -0.4 - 1e-12
+
+
+def _ball_height(h0, e, t1=0.8, dt=1e-2):
+    sol = cdiff.simulate(Ball(restitution=e), cdiff.UdwadiaKalaba(), jnp.array([h0]),
+                         jnp.array([0.0]), t1=t1, dt=dt, saveat=cdiff.SaveAt(t1=True))
+    return sol.q[-1, 0]
+
+
+def _ball_height_closed_form(h0, e, t1=0.8):
+    s = np.sqrt(2 * h0 / GRAVITY)
+    u = e * GRAVITY * s
+    return u * (t1 - s) - 0.5 * GRAVITY * (t1 - s) ** 2
+
+
+def test_gradient_through_an_impact():
+    """d q(T) / d(h0, e) after one bounce, through the event time (implicit
+    function theorem), against the closed form's derivative and central
+    differences."""
+    grad = jax.jit(jax.grad(_ball_height, argnums=(0, 1)))
+    g_h, g_e = (float(x) for x in grad(1.0, 0.5))
+    eps = 1e-6
+    fd_h = (_ball_height_closed_form(1 + eps, 0.5)
+            - _ball_height_closed_form(1 - eps, 0.5)) / (2 * eps)
+    fd_e = (_ball_height_closed_form(1.0, 0.5 + eps)
+            - _ball_height_closed_form(1.0, 0.5 - eps)) / (2 * eps)
+    np.testing.assert_allclose([g_h, g_e], [fd_h, fd_e], rtol=1e-6)
+    run = jax.jit(_ball_height)
+    h = 1e-5
+    sim_h = (float(run(1.0 + h, 0.5)) - float(run(1.0 - h, 0.5))) / (2 * h)
+    np.testing.assert_allclose(g_h, sim_h, rtol=1e-6)
+    np.testing.assert_allclose(float(run(1.0, 0.5)), _ball_height_closed_form(1.0, 0.5),
+                               rtol=0, atol=1e-12)
+
+
+def test_batch_has_its_own_events():
+    """Under jax.vmap each member has its own impact times and active set: equal to
+    one solve at a time."""
+    h0 = jnp.linspace(0.5, 1.5, 4)
+    e = jnp.array([0.0, 0.3, 0.6, 0.9])
+    run = jax.jit(_ball_height)
+    batch = jax.jit(jax.vmap(_ball_height))(h0, e)
+    loop = [float(run(a, b)) for a, b in zip(h0, e)]
+    np.testing.assert_allclose(np.asarray(batch), loop, rtol=0, atol=1e-14)
+    closed = [_ball_height_closed_form(float(a), float(b)) for a, b in zip(h0, e)]
+    # Where the closed form holds (one bounce before T, still in flight).
+    flying = np.array(closed) > 0
+    np.testing.assert_allclose(np.asarray(batch)[flying], np.array(closed)[flying],
+                               atol=1e-12)
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    (dict(formulation=cdiff.NullSpace()), "NullSpace"),
+    (dict(solver=cdiff.RK4(fast_paths=False)), "solver RK4"),
+    (dict(saveat=cdiff.SaveAt(ts=jnp.linspace(0.0, 0.1, 3))), "saveat"),
+])
+def test_unsupported_combinations_are_named(kwargs, match):
+    kwargs = {"formulation": cdiff.UdwadiaKalaba(), **kwargs}
+    formulation = kwargs.pop("formulation")
+    with pytest.raises(ValueError, match=f"unilateral row.*{match}"):
+        cdiff.simulate(Ball(), formulation, jnp.array([1.0]), jnp.array([0.0]), t1=0.1,
+                       dt=1e-2, **kwargs)
+
+
+def test_restitution_outside_its_range_is_refused():
+    with pytest.raises(ValueError, match=r"restitution must lie in \[0, 1\]"):
+        cdiff.simulate(Ball(restitution=1.5), cdiff.UdwadiaKalaba(), jnp.array([1.0]),
+                       jnp.array([0.0]), t1=0.1, dt=1e-2)
+
+
+def test_restitution_is_a_field_that_eqx_can_replace():
+    model = eqx.tree_at(lambda m: m.restitution, Ball(), 0.25)
+    assert model.restitution == 0.25
