@@ -249,3 +249,31 @@ def test_restitution_outside_its_range_is_refused():
 def test_restitution_is_a_field_that_eqx_can_replace():
     model = eqx.tree_at(lambda m: m.restitution, Ball(), 0.25)
     assert model.restitution == 0.25
+
+
+class LiftedBall(Ball):
+    """A ball resting on the ground, lifted by a force growing as 2 m g t: the
+    contact force m g (1 - 2t) pushes until t = 1/2, then it would pull."""
+
+    def forces(self, t, q, v):
+        return jnp.full_like(v, -2.0 * GRAVITY + 4.0 * GRAVITY * t)
+
+
+def test_a_row_is_released_when_its_multiplier_would_pull():
+    """Held at rest until t = 1/2, then q = g (t - 1/2)^3 / 3; the release is taken
+    at the first step that starts with a pulling multiplier (a step late at
+    most)."""
+    dt = 1e-2
+    sol = jax.jit(lambda: cdiff.simulate(
+        LiftedBall(), cdiff.UdwadiaKalaba(), jnp.array([0.0]), jnp.array([0.0]),
+        t1=1.0, dt=dt))()
+    assert sol.result == cdiff.RESULTS.successful
+    ts, q = np.asarray(sol.ts), np.asarray(sol.q[:, 0])
+    held = ts <= 0.5
+    assert np.abs(q[held]).max() < 1e-14
+    exact = GRAVITY * np.maximum(ts - 0.5, 0.0) ** 3 / 3
+    late = GRAVITY * np.maximum(ts - 0.5 - dt, 0.0) ** 3 / 3
+    # Between the exact release and one a step late (and close to the first).
+    assert np.all(q >= late - 1e-12) and np.all(q <= exact + 1e-12)
+    assert abs(q[-1] - exact[-1]) < 0.07 * exact[-1]
+    assert int(sol.stats["events"].count) == 1  # the contact made at t0

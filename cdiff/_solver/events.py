@@ -19,8 +19,9 @@ Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
    restitution. A row that bounces back slower than it could leave for a whole
    step, $2\dot g^+ < -\ddot g\,\Delta t$, stops instead (plastic): repeated
    bounces that shrink geometrically end in contact after finitely many impacts.
-   Plastic rows become active; the energy reference of the formulation is reset
-   to the energy after the impact. The sub-steps go on from $t^*$ to $t_b$.
+   Every row at contact that does not leave it becomes active (stopped by the
+   impact, or arrived at zero speed); the energy reference of the formulation is
+   reset to the energy after the impact. The sub-steps go on from $t^*$ to $t_b$.
 """
 
 from __future__ import annotations
@@ -146,10 +147,15 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         active = jax.lax.cond(jnp.any(c.active), release, lambda c: c.active, c)
         prob = _with(problem, active, c.e0)
         # Illinois' trial point in the bracket, or the end of the step.
-        secant = (c.lo * c.m_hi - c.hi * c.m_lo) / (c.m_hi - c.m_lo)
+        denominator = jnp.where(c.locating, c.m_hi - c.m_lo, -1.0)
+        secant = (c.lo * c.m_hi - c.hi * c.m_lo) / denominator
         t_try = jax.lax.stop_gradient(jnp.where(c.locating, jnp.clip(secant, c.lo, c.hi),
                                                 tb))
-        y_try, k_last = _rk4(prob, c.t, t_try, c.y)
+        # A trial at the sub-step's start (a row at contact there) is its state: no
+        # step of size zero, which a formulation's per-step data may divide by.
+        moved = t_try > c.t
+        y_try, k_last = _rk4(prob, c.t, jnp.where(moved, t_try, tb), c.y)
+        y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, c.y)
         q_try, v_try = y_try
         m_start, _ = gap(c.t, c.y[0], active)
         m_try, g_try = gap(t_try, q_try, active)
@@ -185,6 +191,11 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
         out = impact(model, t_e, q_e, v_e, hit, restitution=jnp.where(rest, 0.0, e),
                      throw=prob.context.throw)
+        # Every row at contact that does not leave it holds from here: those stopped
+        # by the impact, and those that arrived at zero speed.
+        _, gdot_out, _ = unilateral_rate(model, t_e, q_e, out.v)
+        vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
+        contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
         e_after = model.energy(t_e, q_e, out.v)
         e_after = c.e0 if e_after is None else jnp.asarray(e_after, dtype)
 
@@ -193,7 +204,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         y_new = jax.tree.map(
             lambda ev, fr, old: jnp.where(event, ev, jnp.where(accept_free, fr, old)),
             (q_e, out.v), y_try, c.y)
-        active_new = jnp.where(event, active | (out.rows & rest), active)
+        active_new = jnp.where(event, active | contact, active)
         # Bracket: opened on a crossing, narrowed while locating.
         lo = jnp.where(start_locating, c.t, jnp.where(feasible, t_try, c.lo))
         hi = jnp.where(start_locating, tb, jnp.where(feasible, c.hi, t_try))
