@@ -3,11 +3,13 @@ as the projection of the velocity in the kinetic metric."""
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from ._kinematics import unilateral_jacobian, velocity_constraints
+from ._kinematics import Kinematics, Terms, unilateral_jacobian, velocity_constraints
 from ._linalg import PseudoInverse, matvec
 from ._mass import checked_mass
 from ._model import AbstractModel
@@ -114,8 +116,17 @@ class WithUnilateral(AbstractModel):
         return self.model.forces(t, q, v)
 
     def holonomic(self, t, q):
-        g = self.model.unilateral(t, q)
-        return jnp.concatenate([self.model.holonomic(t, q), jnp.where(self.active, g, 0.0)])
+        return jnp.concatenate([self.model.holonomic(t, q), self.held(t, q)])
+
+    def held(self, t, q):
+        """The unilateral rows held as equalities: the active ones, zero rows for
+        the others."""
+        return jnp.where(self.active, self.model.unilateral(t, q), 0.0)
+
+    def terms(self, t, q, v=None) -> Terms:
+        """`model`'s own terms (one pass of a rigid-body library, say) with the
+        held rows appended, derived by autodiff from `unilateral` alone."""
+        return _HeldTerms(self, t, q, v)
 
     def nonholonomic(self, t, q, v):
         return self.model.nonholonomic(t, q, v)
@@ -142,3 +153,83 @@ class WithUnilateral(AbstractModel):
 
     def integrate_position(self, q, dv):
         return self.model.integrate_position(q, dv)
+
+
+class _HeldRows(AbstractModel):
+    """The held rows of a `WithUnilateral` as the holonomic rows of a model, for
+    their terms by autodiff."""
+
+    wrapped: WithUnilateral
+
+    def mass_matrix(self, t, q):
+        return self.wrapped.mass_matrix(t, q)
+
+    def holonomic(self, t, q):
+        return self.wrapped.held(t, q)
+
+    def position_rate(self, t, q, v):
+        return self.wrapped.position_rate(t, q, v)
+
+
+class _HeldTerms(Terms):
+    """The terms of a `WithUnilateral`: the underlying model's terms, with the
+    held rows appended after its holonomic rows (before its nonholonomic ones)."""
+
+    def __init__(self, model: WithUnilateral, t, q, v=None):
+        super().__init__(model, t, q, v)
+        self.base = model.model.terms(t, q, v)
+        self.held = Terms(_HeldRows(model), t, q, v)
+
+    @functools.cached_property
+    def mass_matrix(self):
+        return self.base.mass_matrix
+
+    @functools.cached_property
+    def forces(self):
+        return self.base.forces
+
+    @functools.cached_property
+    def input_matrix(self):
+        return self.base.input_matrix
+
+    @functools.cached_property
+    def energy(self):
+        return self.base.energy
+
+    def energy_law(self, qdot=None):
+        return self.base.energy_law(qdot)
+
+    @functools.cached_property
+    def holonomic(self):
+        return jnp.concatenate([self.base.holonomic, self.held.holonomic])
+
+    @functools.cached_property
+    def holonomic_jacobian(self):
+        (phi, A), (phi_h, A_h) = (self.base.holonomic_jacobian,
+                                  self.held.holonomic_jacobian)
+        return jnp.concatenate([phi, phi_h]), jnp.concatenate([A, A_h])
+
+
+    @functools.cached_property
+    def kinematics(self) -> Kinematics:
+        k, h = self.base.kinematics, self.held.kinematics
+        m = k.phi_q.shape[0]
+        return Kinematics(
+            jnp.concatenate([k.phi_q, h.phi_q]), jnp.concatenate([k.dphi_q, h.dphi_q]),
+            jnp.concatenate([k.A_q, h.A_q]), jnp.concatenate([k.b_q, h.b_q]), k.phi_v,
+            jnp.concatenate([k.A_v[:m], h.A_v, k.A_v[m:]]),
+            jnp.concatenate([k.b_v[:m], h.b_v, k.b_v[m:]]))
+
+    @functools.cached_property
+    def residuals(self):
+        (phi, vel), (phi_h, vel_h) = self.base.residuals, self.held.residuals
+        m = phi.shape[0]
+        return (jnp.concatenate([phi, phi_h]),
+                jnp.concatenate([vel[:m], vel_h, vel[m:]]))
+
+    @functools.cached_property
+    def velocity_constraints(self):
+        (r, A), (r_h, A_h) = self.base.velocity_constraints, self.held.velocity_constraints
+        m = self.base.holonomic.shape[0]
+        return (jnp.concatenate([r[:m], r_h, r[m:]]),
+                jnp.concatenate([A[:m], A_h, A[m:]]))

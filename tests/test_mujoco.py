@@ -525,10 +525,14 @@ def test_ignored_elements_warning():
         model = cdiff.models.from_mujoco(xml)
     assert len(record) == 1
     message = str(record[0].message)
-    for part in ("contacts: geom 'floor' / geom 'ball'", "joint limits: joint 'hinge'",
+    for part in ("contacts: geom 'floor' / geom 'ball'",
                  "friction loss: joint 'hinge'", "control ranges: actuator 'motor'"):
         assert part in message
-    assert len(model.ignored) == 4
+    # The hinge's range is a pair of unilateral rows, not an ignored element.
+    assert "limits" not in message and len(model.ignored) == 3
+    rows = model.unilateral(0.0, jnp.array([0.25]))
+    one = np.deg2rad(1.0)  # MJCF angles are in degrees unless the compiler says
+    np.testing.assert_allclose(np.asarray(rows), [0.25 + one, one - 0.25], rtol=1e-12)
 
 
 def test_keyframe_warning():
@@ -562,7 +566,7 @@ def test_warnings_name_the_callers_line():
     """The load warning and the keyframe warning point at the line that called
     cdiff (not at equinox's or jaxtyping's wrappers), and the keyframe warning
     says how to project."""
-    xml = """<mujoco><worldbody><body><joint name="a" range="-1 1" limited="true"/>
+    xml = """<mujoco><worldbody><body><joint name="a" frictionloss="0.1"/>
       <geom size="0.1"/><body pos="1 0 0"><joint name="b"/><geom size="0.1"/>
         <site name="s" pos="1 0 0"/></body></body><site name="w" pos="0 0 5"/>
       </worldbody><equality><connect site1="s" site2="w"/></equality>

@@ -277,3 +277,19 @@ def test_a_row_is_released_when_its_multiplier_would_pull():
     assert np.all(q >= late - 1e-12) and np.all(q <= exact + 1e-12)
     assert abs(q[-1] - exact[-1]) < 0.07 * exact[-1]
     assert int(sol.stats["events"].count) == 1  # the contact made at t0
+
+
+def test_bouncing_ball_in_float32():
+    """In float32 the impact times hold to float32's round-off (relative 1e-6) and
+    the ball comes to rest on the ground."""
+    f32 = jnp.float32
+    sol = jax.jit(lambda: cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(),
+                                         jnp.array([1.0], f32), jnp.array([0.0], f32),
+                                         t1=2.5, dt=1e-2))()
+    assert sol.q.dtype == f32 and sol.result == cdiff.RESULTS.successful
+    ev = sol.stats["events"]
+    n = int(ev.count)
+    times, _ = ball_impacts(1.0, 0.5, n)
+    np.testing.assert_allclose(np.asarray(ev.t[:n]), times, rtol=2e-6)
+    assert np.abs(np.asarray(sol.q[-20:, 0])).max() < 1e-6
+    assert float(sol.q.min()) > -1e-6

@@ -199,8 +199,14 @@ class MuJoCoModel(AbstractModel):
     model = cdiff.models.from_mujoco("disk.xml", cls=RollingDisk)
     ```
 
+    **Joint limits** of hinge and slide joints are unilateral rows
+    (`unilateral(t, q)`: $q_j - \ell_j \ge 0$ and $u_j - q_j \ge 0$ per limited
+    joint, from `jnt_range`), enforced exactly by [`cdiff.simulate`][] with
+    plastic impacts (`restitution` 0; MuJoCo's soft limits tend to that as
+    `solreflimit` goes to zero). MuJoCo's `margin` is not used.
+
     Not simulated (from_mujoco warns and lists them in `ignored`): contacts,
-    joint and tendon limits, friction loss, control and force ranges,
+    ball-joint and tendon limits, friction loss, control and force ranges,
     inactive equalities.
     """
 
@@ -224,6 +230,8 @@ class MuJoCoModel(AbstractModel):
     _gravity: bool = eqx.field(static=True)
     _gravcomp: bool = eqx.field(static=True)
     _passive: bool = eqx.field(static=True)
+    # (joint index, qpos address) of each limited hinge or slide joint.
+    _limits: tuple[tuple[int, int], ...] = eqx.field(static=True)
 
     def __repr__(self) -> str:
         """A summary: the fields (MJX's model, hundreds of arrays) would fill a
@@ -328,6 +336,16 @@ class MuJoCoModel(AbstractModel):
         gain = jnp.where(np.asarray(self._actuated, bool), m.actuator_gainprm[:, 0],
                          0.0)
         return _impl(d).actuator_moment.T * gain
+
+    def unilateral(self, t, q):
+        """The joint limits of limited hinge and slide joints, two rows per joint
+        (lower, upper): $q_j - \ell_j \ge 0$, $u_j - q_j \ge 0$."""
+        if not self._limits:
+            return jnp.zeros((0,), dtype=q.dtype)
+        joint, adr = (np.array(x) for x in zip(*self._limits))
+        lo, hi = (self.mjx_model.jnt_range[joint, i].astype(q.dtype) for i in (0, 1))
+        x = q[adr]
+        return jnp.stack([x - lo, hi - x], axis=1).reshape(-1)
 
     def holonomic(self, t, q):
         """The active equality constraints' residuals (MuJoCo's `efc_pos` rows of
@@ -1156,7 +1174,8 @@ def _check(mujoco, m) -> tuple[list[str], list[str]]:
     if constraints and not flags & dis.mjDSBL_CONTACT:
         ignore("contacts", _contact_pairs(mujoco, m, label["geom"]))
     if constraints and not flags & dis.mjDSBL_LIMIT:
-        ignore("joint limits", listed("joint", m.jnt_limited.astype(bool)))
+        ignore("ball-joint limits", listed("joint", m.jnt_limited.astype(bool)
+                                           & (m.jnt_type == _BALL)))
         ignore("tendon limits", listed("tendon", m.tendon_limited.astype(bool)))
     if constraints and not flags & dis.mjDSBL_FRICTIONLOSS:
         ignore("friction loss", listed("joint", m.dof_jntid[m.dof_frictionloss > 0])
@@ -1210,7 +1229,8 @@ def from_mujoco(source, *, cls: type[MuJoCoModel] = MuJoCoModel,
     equality constraints other than connect, weld, joint and tendon, ...), each
     named. Warns (one `UserWarning` listing them by name) about what MuJoCo
     simulates as inequality constraints or clamping and cdiff does not: contacts,
-    joint and tendon limits, friction loss, control and force ranges.
+    ball-joint and tendon limits, friction loss, control and force ranges. Limits
+    of hinge and slide joints are the model's unilateral rows.
     """
     if not (isinstance(cls, type) and issubclass(cls, MuJoCoModel)):
         raise TypeError(f"cls must be a subclass of MuJoCoModel, got {cls!r}")
@@ -1249,6 +1269,7 @@ def from_mujoco(source, *, cls: type[MuJoCoModel] = MuJoCoModel,
     # _check refuses springs or dampers disabled alone.
     passive = not flags & dis.mjDSBL_SPRING
     gravity = not flags & dis.mjDSBL_GRAVITY
+    limits_on = not flags & (dis.mjDSBL_LIMIT | dis.mjDSBL_CONSTRAINT)
     return cls(
         **fields,
         mjx_model=mx,
@@ -1269,4 +1290,7 @@ def from_mujoco(source, *, cls: type[MuJoCoModel] = MuJoCoModel,
         _gravity=bool(gravity),
         _gravcomp=bool(m.ngravcomp and gravity and passive),
         _passive=bool(passive),
+        _limits=tuple((int(j), int(m.jnt_qposadr[j])) for j in range(m.njnt)
+                      if m.jnt_limited[j] and m.jnt_type[j] in (_SLIDE, _HINGE)
+                      and limits_on),
     )
