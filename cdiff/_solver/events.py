@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._impact import WithUnilateral, impact, unilateral_rate
+from .._impact import Impact, WithUnilateral, impact, unilateral_rate
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
@@ -43,8 +43,10 @@ from .._solution import Trajectory, stack_saved
 MAX_SUBSTEPS = 64
 # Illinois trials before the event is taken where the bracket stands.
 _MAX_TRIALS = 48
-# Events recorded per solve (the count goes on beyond).
+# Events recorded per solve (the count goes on beyond), and per step of the grid
+# (the sub-steps' record, merged into the solve's after the step).
 MAX_EVENTS = 64
+_STEP_EVENTS = 4
 
 
 class Events(eqx.Module):
@@ -61,17 +63,17 @@ class Events(eqx.Module):
     count: Array
 
     @classmethod
-    def empty(cls, q, v, r: int):
+    def empty(cls, q, v, r: int, n: int = MAX_EVENTS):
         nan = jnp.asarray(jnp.nan, q.dtype)
-        n = MAX_EVENTS
         return cls(jnp.full((n,), nan), jnp.full((n,) + q.shape, nan),
                    jnp.full((n,) + v.shape, nan), jnp.full((n,) + v.shape, nan),
                    jnp.full((n, r), nan), jnp.zeros((n, r), bool),
                    jnp.zeros((n, r), bool), jnp.zeros((), jnp.int32))
 
     def add(self, when, t, q, v_before, v_after, impulse, rows, rest) -> Events:
-        i = jnp.minimum(self.count, MAX_EVENTS - 1)
-        write = when & (self.count < MAX_EVENTS)
+        n = self.t.shape[0]
+        i = jnp.minimum(self.count, n - 1)
+        write = when & (self.count < n)
 
         def put(buf, x):
             return buf.at[i].set(jnp.where(write, x, buf[i]))
@@ -144,7 +146,8 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         return c.active & ~(pulls & ~c.locating)
 
     def body(c: _Carry) -> _Carry:
-        active = jax.lax.cond(jnp.any(c.active), release, lambda c: c.active, c)
+        active = jax.lax.cond(eqxi.unvmap_any(jnp.any(c.active) & ~c.locating), release,
+                              lambda c: c.active, c)
         prob = _with(problem, active, c.e0)
         # Illinois' trial point in the bracket, or the end of the step.
         denominator = jnp.where(c.locating, c.m_hi - c.m_lo, -1.0)
@@ -171,33 +174,46 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
                                   | (width <= 4 * eps * jnp.abs(c.hi))
                                   | (c.trials >= _MAX_TRIALS))
         event = converged
-        # The event: first-order correction to the root (the implicit derivative).
-        i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
-        _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
-        mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
-        delta = -(m_try - jax.lax.stop_gradient(m_try)) / mdot
-        q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
-        v_e = v_try + delta * k_last[1]
-        t_e = t_try + delta
-        g_e = model.unilateral(t_e, q_e)
-        hit = ~active & (g_e <= eps ** 0.75 * scale)
-        first = impact(model, t_e, q_e, v_e, hit, throw=prob.context.throw)
-        # Rest: a bounce too slow to leave for a step becomes plastic.
-        y_plus = (q_e, first.v)
-        rate = prob.rate(t_e, y_plus, prob.freeze(t_e, t_e + dt_rest, y_plus))
-        gdot_plus, gddot = jax.jvp(
-            lambda q, v: unilateral_rate(model, t_e, q, v)[1],
-            (q_e, first.v), (model.position_rate(t_e, q_e, first.v), rate[1]))
-        rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
-        out = impact(model, t_e, q_e, v_e, hit, restitution=jnp.where(rest, 0.0, e),
-                     throw=prob.context.throw)
-        # Every row at contact that does not leave it holds from here: those stopped
-        # by the impact, and those that arrived at zero speed.
-        _, gdot_out, _ = unilateral_rate(model, t_e, q_e, out.v)
-        vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
-        contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
-        e_after = model.energy(t_e, q_e, out.v)
-        e_after = c.e0 if e_after is None else jnp.asarray(e_after, dtype)
+        def at_event(_):
+            # First-order correction to the root (the implicit derivative).
+            i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
+            _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
+            mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
+            delta = -(m_try - jax.lax.stop_gradient(m_try)) / mdot
+            q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
+            v_e = v_try + delta * k_last[1]
+            t_e = t_try + delta
+            g_e = model.unilateral(t_e, q_e)
+            hit = ~active & (g_e <= eps ** 0.75 * scale)
+            first = impact(model, t_e, q_e, v_e, hit, throw=prob.context.throw)
+            # Rest: a bounce too slow to leave for a step becomes plastic.
+            y_plus = (q_e, first.v)
+            rate = prob.rate(t_e, y_plus, prob.freeze(t_e, t_e + dt_rest, y_plus))
+            gdot_plus, gddot = jax.jvp(
+                lambda q, v: unilateral_rate(model, t_e, q, v)[1],
+                (q_e, first.v), (model.position_rate(t_e, q_e, first.v), rate[1]))
+            rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
+            out = impact(model, t_e, q_e, v_e, hit, restitution=jnp.where(rest, 0.0, e),
+                         throw=prob.context.throw)
+            # Every row at contact that does not leave it holds from here: those
+            # stopped by the impact, and those that arrived at zero speed.
+            _, gdot_out, _ = unilateral_rate(model, t_e, q_e, out.v)
+            vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
+            contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
+            e_after = model.energy(t_e, q_e, out.v)
+            e_after = c.e0 if e_after is None else jnp.asarray(e_after, dtype)
+            events = c.events.add(event, t_e, q_e, v_e, out.v, out.impulse, out.rows,
+                                  rest & out.rows)
+            return (t_e, q_e, v_e, out, contact, e_after, events)
+
+        def no_event(_):
+            none = jnp.zeros_like(active)
+            return (t_try, q_try, v_try, Impact(v_try, jnp.zeros(r, dtype), none), none,
+                    c.e0, c.events)
+
+        # Computed only where some trajectory of the batch has an event.
+        t_e, q_e, v_e, out, contact, e_after, events = jax.lax.cond(
+            eqxi.unvmap_any(event), at_event, no_event, None)
 
         accept_free = ~c.locating & ~crossed
         t_new = jnp.where(event, t_e, jnp.where(accept_free, t_try, c.t))
@@ -225,17 +241,28 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             lo=lo, hi=hi, m_lo=m_lo, m_hi=m_hi, side=side,
             trials=jnp.where(locating & ~start_locating, c.trials + 1, 0),
             done=accept_free,
-            events=c.events.add(event, t_e, q_e, v_e, out.v, out.impulse, out.rows,
-                                rest & out.rows),
+            events=events,
             substeps=c.substeps + 1)
 
     zero = jnp.zeros((), dtype)
+    step_events = Events.empty(y[0], y[1], r, _STEP_EVENTS)
     init = _Carry(ta, y, active, e0, jnp.asarray(False), zero, zero, zero, zero,
-                  jnp.asarray(0), jnp.asarray(0), jnp.asarray(False), events,
+                  jnp.asarray(0), jnp.asarray(0), jnp.asarray(False), step_events,
                   jnp.asarray(0))
     final = eqxi.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body, init,
                             max_steps=MAX_SUBSTEPS, kind="checkpointed")
-    return final.y, final.active, final.e0, final.events, final.done
+    # The step's events appended to the solve's, where some trajectory had one.
+    def merge(events):
+        new = final.events
+        for j in range(_STEP_EVENTS):
+            events = events.add(j < new.count, new.t[j], new.q[j], new.v_before[j],
+                                new.v_after[j], new.impulse[j], new.rows[j], new.rest[j])
+        return eqx.tree_at(lambda e: e.count, events,
+                           events.count + jnp.maximum(new.count - _STEP_EVENTS, 0))
+
+    events = jax.lax.cond(eqxi.unvmap_any(final.events.count > 0), merge,
+                          lambda events: events, events)
+    return final.y, final.active, final.e0, events, final.done
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
@@ -255,9 +282,9 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         result = RESULTS.where(running & ~done, RESULTS.event_limit, result)
         keep = running & done
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
-        events = jax.tree.map(lambda a, b: jnp.where(keep, a, b), events1, events)
+        # (A step that ran out of sub-steps ends the solve: its events are kept.)
         carry = (y, jnp.where(keep, active1, active), jnp.where(keep, e01, e0), result,
-                 events)
+                 events1)
         row = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (tb, y1))
         return carry, row
 

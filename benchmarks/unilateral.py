@@ -1,0 +1,101 @@
+"""The cost of unilateral rows: a Cartesian pendulum (UdwadiaKalaba + RK4, dt = 1e-3,
+2 s, float64) without unilateral rows, with a wall it never reaches, and with a
+wall it hits (restitution 0.6, about 5 impacts), one trajectory and a vmapped batch.
+
+    python benchmarks/unilateral.py [--batch 256] [--repeats 5] [--record]
+
+Compile time (the first call) and run time (best of `--repeats`) are reported
+apart, with the run-time ratio to the pendulum without rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+jax.config.update("jax_enable_x64", True)
+
+import cdiff  # noqa: E402
+from _record import record  # noqa: E402
+
+GRAVITY = 9.81
+
+
+class Pendulum(cdiff.AbstractModel):
+    """A unit point mass on a rod of unit length, Cartesian coordinates."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.array([0.0, -GRAVITY], q.dtype)
+
+    def energy(self, t, q, v):
+        return 0.5 * v @ v + GRAVITY * q[1]
+
+    def holonomic(self, t, q):
+        return jnp.atleast_1d(q @ q - 1.0)
+
+
+class PendulumAndWall(Pendulum):
+    """The pendulum and a wall at x = -a: g = x + a >= 0."""
+
+    a: float = 0.4
+    restitution: float = 0.6
+
+    def unilateral(self, t, q):
+        return jnp.atleast_1d(q[0] + self.a)
+
+
+CASES = {"no rows": Pendulum(), "wall never reached": PendulumAndWall(a=2.0),
+         "wall hit": PendulumAndWall()}
+
+
+def _time(fn, *args, repeats):
+    start = time.perf_counter()
+    jax.block_until_ready(fn(*args))
+    compile_s = time.perf_counter() - start
+    best = np.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        best = min(best, time.perf_counter() - start)
+    return compile_s, best
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--batch", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--record", action="store_true")
+    args = parser.parse_args()
+    theta = jnp.linspace(0.5, 0.7, args.batch)
+    rows, base = [], {}
+    for name, model in CASES.items():
+        def final(theta, model=model):
+            q0 = jnp.stack([jnp.sin(theta), -jnp.cos(theta)])
+            sol = cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0, jnp.zeros(2),
+                                 t1=2.0, dt=1e-3, saveat=cdiff.SaveAt(t1=True))
+            return sol.q[-1]
+
+        for kind, fn, x in (("one", jax.jit(final), theta[0]),
+                            (f"batch {args.batch}", jax.jit(jax.vmap(final)), theta)):
+            compile_s, run = _time(fn, x, repeats=args.repeats)
+            base.setdefault(kind, run)
+            rows.append(f"| {name} | {kind} | {compile_s:.2f} | {run * 1e3:.2f} | "
+                        f"{run / base[kind]:.2f} |")
+            print(rows[-1], flush=True)
+    table = "\n".join(["| model | trajectories | compile + first run (s) | run (ms) | "
+                       "run / no rows |", "|---|---|---:|---:|---:|", *rows])
+    print(table)
+    if args.record:
+        record("unilateral.py", "Cartesian pendulum, UdwadiaKalaba + RK4, dt = 1e-3, "
+               f"2 s, float64, SaveAt(t1=True), best of {args.repeats}.", table)
+
+
+if __name__ == "__main__":
+    main()
