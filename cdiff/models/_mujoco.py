@@ -338,7 +338,7 @@ class MuJoCoModel(AbstractModel):
         return _impl(d).actuator_moment.T * gain
 
     def unilateral(self, t, q):
-        """The joint limits of limited hinge and slide joints, two rows per joint
+        r"""The joint limits of limited hinge and slide joints, two rows per joint
         (lower, upper): $q_j - \ell_j \ge 0$, $u_j - q_j \ge 0$."""
         if not self._limits:
             return jnp.zeros((0,), dtype=q.dtype)
