@@ -15,12 +15,16 @@ import numpy as np
 from ._formulation.base import AbstractFormulation
 from ._formulation.controller import AbstractStatefulController, check_controller
 from ._formulation.dae import AbstractDAEFormulation
+from ._formulation.lagrange import Lagrange
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
+from ._formulation.projection import Projection
+from ._formulation.udwadia_kalaba import UdwadiaKalaba
 from ._model import has_energy
 from ._results import is_concrete
 from ._routes import constant_steps
 from ._solution import plain_saveat
 from ._solver.bdf import BDF
+from ._solver.rk4 import RK4
 
 
 def check_formulation(formulation) -> None:
@@ -229,11 +233,6 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     solve can enforce them: an acceleration-level ODE formulation whose state is
     `(q, v)`, cdiff's RK4 with a constant step and the default adjoint, and a
     `SaveAt` of `t0`, `t1` and/or `steps` (no save times yet)."""
-    from ._formulation.lagrange import Lagrange
-    from ._formulation.projection import Projection
-    from ._formulation.udwadia_kalaba import UdwadiaKalaba
-    from ._solver.rk4 import RK4
-
     r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
     if len(r) != 1:
         raise ValueError(f"{type(model).__name__}.unilateral(t, q) must return a "
@@ -253,14 +252,12 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     if type(solver) is not RK4 or not solver.fast_paths:
         unsupported.append(f"the solver {type(solver).__name__} (supported: "
                            "cdiff.RK4())")
-    if stepsize_controller is not None and not isinstance(
-            stepsize_controller, diffrax.ConstantStepSize):
+    if not isinstance(stepsize_controller, diffrax.ConstantStepSize):
         unsupported.append("an adaptive step size")
     if adjoint is not None:
         unsupported.append("an adjoint other than the default")
-    sub = plain_saveat(saveat) if saveat is not None else None
-    if saveat is not None and (sub is None or sub.ts is not None
-                               or sub.steps not in (0, 1, True, False)):
+    sub = plain_saveat(saveat)
+    if sub is None or sub.ts is not None or sub.steps not in (0, 1, True, False):
         unsupported.append("this saveat (supported: SaveAt(t0=, t1=, steps=))")
     if unsupported:
         raise ValueError(

@@ -45,8 +45,9 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     $M(v^+ - v) = A_v^T\mu + G^T\lambda$: $\lambda$, the impulses of the unilateral
     rows, is returned. The rates $\dot g^-$ are read from `v` made admissible
     first (projected onto the equalities in the same metric), so that an
-    integrator's drift off them is not taken for an approach. With $e = 0$ (plastic) and one row, the kinetic energy lost
-    is $\tfrac12(\dot g^-)^2/(GM^{-1}G^T)$ (the equalities held); with $e = 1$ none.
+    integrator's drift off them is not taken for an approach. With $e = 0$
+    (plastic) and one row, the kinetic energy lost is
+    $\tfrac12(\dot g^-)^2/(GM^{-1}G^T)$ (the equalities held); with $e = 1$ none.
 
     **Simultaneous impacts** are one projection. The rows that take part start as
     those in `hit` that arrive; a row whose impulse would pull ($\lambda_i < 0$)
@@ -208,7 +209,6 @@ class _HeldTerms(Terms):
         (phi, A), (phi_h, A_h) = (self.base.holonomic_jacobian,
                                   self.held.holonomic_jacobian)
         return jnp.concatenate([phi, phi_h]), jnp.concatenate([A, A_h])
-
 
     @functools.cached_property
     def kinematics(self) -> Kinematics:

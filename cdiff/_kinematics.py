@@ -100,14 +100,20 @@ def velocity_size(model: AbstractModel, q) -> int:
 # -- the autodiff derivations (the default terms) -------------------------------------
 
 
-def _holonomic_jacobian(model: AbstractModel, t, q):
-    t = jnp.asarray(t, dtype=q.dtype)
-    phi, rows = jacobian(lambda q: model.holonomic(t, q), q)
+def _velocity_jacobian(model: AbstractModel, f, t, q):
+    """`(f(q), (df/dq) T(q))`: position-level rows `f` and their Jacobian with
+    respect to the velocities."""
+    phi, rows = jacobian(f, q)
     # Rows times T(q): the transpose of position_rate applied to each row (free
     # for the identity map).
     zero = jnp.zeros(velocity_size(model, q), q.dtype)
     _, rate_transpose = jax.vjp(lambda w: model.position_rate(t, q, w), zero)
     return phi, jax.vmap(lambda r: rate_transpose(r)[0])(rows)
+
+
+def _holonomic_jacobian(model: AbstractModel, t, q):
+    t = jnp.asarray(t, dtype=q.dtype)
+    return _velocity_jacobian(model, lambda q: model.holonomic(t, q), t, q)
 
 
 def unilateral_jacobian(model: AbstractModel, t, q):
@@ -116,11 +122,9 @@ def unilateral_jacobian(model: AbstractModel, t, q):
     $G = (\partial g/\partial q)\,T(q)$, shape `(r, nv)`, and $\partial g/\partial t$,
     so that $\dot g = Gv + \partial g/\partial t$."""
     t = jnp.asarray(t, dtype=q.dtype)
-    g, rows = jacobian(lambda q: model.unilateral(t, q), q)
-    zero = jnp.zeros(velocity_size(model, q), q.dtype)
-    _, rate_transpose = jax.vjp(lambda w: model.position_rate(t, q, w), zero)
+    g, G = _velocity_jacobian(model, lambda q: model.unilateral(t, q), t, q)
     _, g_t = jax.jvp(lambda t: model.unilateral(t, q), (t,), (_unit(t),))
-    return g, jax.vmap(lambda r: rate_transpose(r)[0])(rows), g_t
+    return g, G, g_t
 
 
 def _kinematics(model: AbstractModel, t, q, v) -> Kinematics:

@@ -38,6 +38,7 @@ from .._impact import Impact, WithUnilateral, impact, unilateral_rate
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
+from .rk4 import rk4_step
 
 # Sub-steps (detection, location trials, sub-steps after events) within one step.
 MAX_SUBSTEPS = 64
@@ -101,23 +102,6 @@ class _Carry(NamedTuple):
     substeps: Array
 
 
-def _rk4(problem: Problem, t0, t1, y):
-    """One classic RK4 step of the problem's vector field: the state at `t1` and
-    the rate of the last stage."""
-    h = t1 - t0
-    frozen = problem.freeze(t0, t1, y)
-
-    def axpy(a, k):
-        return jax.tree.map(lambda y, k: y + a * h * k, y, k)
-
-    k1 = problem.rate(t0, y, frozen)
-    k2 = problem.rate(t0 + h / 2, axpy(0.5, k1), frozen)
-    k3 = problem.rate(t0 + h / 2, axpy(0.5, k2), frozen)
-    k4 = problem.rate(t1, axpy(1.0, k3), frozen)
-    inc = jax.tree.map(lambda a, b, c, d: (a + 2 * b + 2 * c + d) / 6, k1, k2, k3, k4)
-    return problem.end_step(t1, axpy(1.0, inc)), k4
-
-
 def _with(problem: Problem, active, e0) -> Problem:
     return eqx.tree_at(lambda p: (p.context.model.active, p.context.e0), problem,
                        (active, e0))
@@ -157,7 +141,9 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         # A trial at the sub-step's start (a row at contact there) is its state: no
         # step of size zero, which a formulation's per-step data may divide by.
         moved = t_try > c.t
-        y_try, k_last = _rk4(prob, c.t, jnp.where(moved, t_try, tb), c.y)
+        t_step = jnp.where(moved, t_try, tb)
+        y_try, _, k_last = rk4_step(prob.rate, prob.freeze, prob.end_step, c.t, t_step,
+                                    c.y)
         y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, c.y)
         q_try, v_try = y_try
         m_start, _ = gap(c.t, c.y[0], active)
@@ -174,6 +160,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
                                   | (width <= 4 * eps * jnp.abs(c.hi))
                                   | (c.trials >= _MAX_TRIALS))
         event = converged
+
         def at_event(_):
             # First-order correction to the root (the implicit derivative).
             i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
@@ -181,7 +168,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
             delta = -(m_try - jax.lax.stop_gradient(m_try)) / mdot
             q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
-            v_e = v_try + delta * k_last[1]
+            v_e = v_try + delta * k_last[1] / (t_step - c.t)
             t_e = t_try + delta
             g_e = model.unilateral(t_e, q_e)
             hit = ~active & (g_e <= eps ** 0.75 * scale)
@@ -251,6 +238,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
                   jnp.asarray(0))
     final = eqxi.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body, init,
                             max_steps=MAX_SUBSTEPS, kind="checkpointed")
+
     # The step's events appended to the solve's, where some trajectory had one.
     def merge(events):
         new = final.events

@@ -159,6 +159,51 @@ def _show_progress(fraction, *done):
         _Bar.bar = None
 
 
+def _axpy(y, a, k):
+    return jax.tree.map(lambda y, k: y + a * k, y, k)
+
+
+def rk4_step(rate, freeze, end_step, t0, t1, y, *, rate_and_freeze=None,
+             keep_first: bool = False):
+    """One classic RK4 step from `(t0, y)` to `t1` (the arguments as in
+    [`rk4_solve`][]): `(y1, k_first, k_last)`, the state after `end_step` and the
+    first and last stages' increments `h * rate` (`k_first` zero unless
+    `keep_first`)."""
+    # Classic RK4's stage i reads only stage i - 1, y_i = y + a_i k_{i-1}: a loop
+    # over the stages carries k_{i-1} and the weighted sum of the k_i (diffrax
+    # keeps a buffer of all stages). Checkpointed stages: reverse mode
+    # recomputes each stage for its derivative instead of storing all four
+    # (faster; unrolling the stages is not: see benchmarks/HISTORY.md, 2026-11-24).
+    h = t1 - t0
+    if rate_and_freeze is None:
+        frozen = freeze(t0, t1, y)
+    else:  # set by the first stage
+        frozen = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                              jax.eval_shape(freeze, t0, t1, y))
+    dtype = jnp.result_type(h)
+    a = jnp.array([0.0, 0.5, 0.5, 1.0], dtype)
+    weights = jnp.array((1 / 6, 1 / 3, 1 / 3, 1 / 6), dtype)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
+    def stage(i, carry):
+        # The per-step data is carried only when the first stage sets it.
+        (k_prev, total, k_first), *carried = carry
+        t, y_i = t0 + a[i] * h, _axpy(y, a[i], k_prev)
+        if rate_and_freeze is None:
+            f = rate(t, y_i, frozen)
+        else:
+            f, *carried = rate_and_freeze(t, y_i, *carried, h, i == 0)
+        k = jax.tree.map(lambda f: h * f, f)
+        if keep_first:  # the first stage, for the interpolant
+            k_first = jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), k, k_first)
+        return (k, _axpy(total, weights[i], k), k_first), *carried
+
+    zero = jax.tree.map(jnp.zeros_like, y)
+    init = ((zero, zero, zero),) + ((frozen,) if rate_and_freeze else ())
+    (k_last, increment, k_first), *_ = jax.lax.fori_loop(0, 4, stage, init)
+    return end_step(t1, jax.tree.map(jnp.add, y, increment)), k_first, k_last
+
+
 def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
               save_steps: bool, save_t1: bool, rows: int, keep_stages: bool = False,
               save_ts=None, plan: SavePlan | None = None, blocks: int = 1,
@@ -207,7 +252,6 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
     **Returns:** `(saved_ts, saved_ys, result, num_steps)`.
     """
     successful = diffrax.RESULTS.successful
-    b = (1 / 6, 1 / 3, 1 / 3, 1 / 6)
     if plan is not None:
         blocks, block = plan.blocks, plan.block
     block = steps if block is None else block
@@ -219,44 +263,9 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
             jnp.searchsorted(ts[:steps + 1], save_ts, side="left") - 1, 0,
             steps - 1).astype(jnp.int32)
 
-    def axpy(y, a, k):
-        return jax.tree.map(lambda y, k: y + a * k, y, k)
-
-    def step(t0, t1, y):
-        # Classic RK4's stage i reads only stage i - 1, y_i = y + a_i k_{i-1}: a loop
-        # over the stages carries k_{i-1} and the weighted sum of the k_i (diffrax
-        # keeps a buffer of all stages). Checkpointed stages: reverse mode
-        # recomputes each stage for its derivative instead of storing all four
-        # (faster; unrolling the stages is not: see benchmarks/HISTORY.md, 2026-11-24).
-        h = t1 - t0
-        if rate_and_freeze is None:
-            frozen = freeze(t0, t1, y)
-        else:  # set by the first stage
-            frozen = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                  jax.eval_shape(freeze, t0, t1, y))
-        dtype = jnp.result_type(h)
-        a = jnp.array([0.0, 0.5, 0.5, 1.0], dtype)
-        weights = jnp.array(b, dtype)
-
-        @functools.partial(jax.checkpoint, prevent_cse=False)
-        def stage(i, carry):
-            # The per-step data is carried only when the first stage sets it.
-            (k_prev, total, k_first), *carried = carry
-            t, y_i = t0 + a[i] * h, axpy(y, a[i], k_prev)
-            if rate_and_freeze is None:
-                f = rate(t, y_i, frozen)
-            else:
-                f, *carried = rate_and_freeze(t, y_i, *carried, h, i == 0)
-            k = jax.tree.map(lambda f: h * f, f)
-            if interpolate or traced_ts:  # the first stage, for the interpolant
-                k_first = jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), k,
-                                       k_first)
-            return (k, axpy(total, weights[i], k), k_first), *carried
-
-        zero = jax.tree.map(jnp.zeros_like, y)
-        init = ((zero, zero, zero),) + ((frozen,) if rate_and_freeze else ())
-        (k_last, increment, k_first), *_ = jax.lax.fori_loop(0, 4, stage, init)
-        return end_step(t1, jax.tree.map(jnp.add, y, increment)), k_first, k_last
+    step = functools.partial(rk4_step, rate, freeze, end_step,
+                             rate_and_freeze=rate_and_freeze,
+                             keep_first=interpolate or traced_ts)
 
     def body(carry, xs):
         y, result, last, taken = carry
