@@ -17,6 +17,7 @@ from ._animate import animate
 from ._formulation.base import AbstractFormulation, Context, applied_forces
 from ._formulation.controller import ControllerState
 from ._mass import mass_factor
+from ._impact import WithUnilateral
 from ._model import AbstractModel
 from ._results import RESULTS, is_concrete
 from ._results import message as result_message
@@ -64,6 +65,15 @@ class Solution(eqx.Module):
       along the null space of $A_v^T$, which $A_v^T\lambda$ does not see (on
       random three-row Jacobians of rank one or two: up to 4e-3 for multipliers
       of size 1).
+    - `unilateral`, `active`: for a model with unilateral rows
+      ([`cdiff.AbstractModel.unilateral`][]), the rows $g(t, q)$ at the saved
+      states, shape `(T, r)`, and which of them were held as equalities there
+      (boolean, `(T, r)`); `None` without unilateral rows. The held rows' forces
+      are part of `constraint_force`, and `multipliers` then has `m + r + p`
+      columns: the holonomic rows', the unilateral rows' (zero where a row is not
+      held; see `unilateral_multipliers`), the nonholonomic rows'. The impacts
+      between saved rows are in `stats["events"]`. `max_penetration` is the
+      deepest $-g_i$.
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
     - `controller_state`: the state $z$ of a
@@ -95,6 +105,8 @@ class Solution(eqx.Module):
     stats: dict[str, Any]
     energy0: Float[Array, ""] | None = None
     controller_state: Any = None
+    unilateral: Float[Array, "T r"] | None = None
+    active: Bool[Array, "T r"] | None = None
     # What the dynamics at the saved states need (see `_dynamics`): the solve's
     # context (its formulation included) split into its arrays and the rest (a
     # static field, so that the solution stays a pytree of arrays for `jax.jit`
@@ -123,6 +135,9 @@ class Solution(eqx.Module):
                               f"{float(self.max_velocity_error):.2g}")
             if self.energy is not None:
                 fields.append(f"max energy error {float(self.max_energy_error):.2g}")
+            if self.unilateral is not None:
+                fields.append(f"{int(self.stats['events'].count)} impacts, max "
+                              f"penetration {float(self.max_penetration):.2g}")
         elif concrete:
             ok = int(np.sum(np.asarray(self.result._value) == 0))
             fields.insert(0, f"{ok} of {np.size(self.result._value)} successful")
@@ -193,6 +208,26 @@ class Solution(eqx.Module):
         return _finite_max(jnp.abs(self.energy - e0))
 
     @property
+    def max_penetration(self) -> Float[Array, ""]:
+        r"""$\max_t \max_i (-g_i)$ over the saved (finite) rows: how deep a
+        unilateral row was passed (round-off where the events were located), 0 if
+        none was, and without unilateral rows."""
+        if self.unilateral is None:
+            return jnp.zeros((), self.ts.dtype)
+        return jnp.maximum(_finite_max(-self.unilateral), 0.0)
+
+    @property
+    def unilateral_multipliers(self) -> Float[Array, "*batch T r"]:
+        r"""The multipliers of the unilateral rows at the saved states, shape
+        `(T, r)`: the force with which each held row pushes (Aghili's condition
+        $\lambda_i \ge 0$; a row whose multiplier would pull is released at the
+        end of the step), zero where a row is not held. Empty without unilateral
+        rows."""
+        m = self.holonomic_residual.shape[-1]
+        r = 0 if self.active is None else self.active.shape[-1]
+        return self.multipliers[..., m:m + r]
+
+    @property
     def max_velocity_error(self) -> Float[Array, ""]:
         r"""$\max_t \|[\dot\Phi_q; \Phi_v]\|_\infty$ (`velocity_residual`) over the
         saved (finite) rows."""
@@ -211,6 +246,10 @@ class Solution(eqx.Module):
         `SaveAt(t0=True, steps=True)`) for RK4's accuracy between the steps. From
         `SaveAt(t0=True, t1=True)` there is a single interval, and the cubic
         through its two ends is only as good as that interval is short.
+
+        An interval that holds an impact (`stats["events"]` of a model with
+        unilateral rows) has a velocity jump inside, which no cubic follows: there
+        the dense output is only as good as the step is short.
 
         Works inside `jax.jit` and `jax.vmap`, and is differentiable with respect
         to `t` and (through the solve) to anything the solution depends on. For a
@@ -312,6 +351,7 @@ class Trajectory(eqx.Module):
     stats: dict
     dt: Any = None
     dt_taken: Any = None
+    active: Any = None  # the active unilateral rows at the saved times (events)
 
 
 _DIAGNOSTICS_CHUNK = 4096
@@ -344,7 +384,8 @@ def _along(one, ts, ys, empty=None):
     more trace of `one`)."""
     valid = jnp.isfinite(ts)
     safe_ys = jax.tree.map(
-        lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x, 0.0), ys
+        lambda x: jnp.where(valid.reshape((-1,) + (1,) * (x.ndim - 1)), x,
+                            jnp.zeros((), x.dtype)), ys
     )
     args = (jnp.where(valid, ts, 0.0), safe_ys)
 
@@ -391,32 +432,44 @@ def _result_name(result) -> str:
 
 
 def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys):
-    """Constraint residuals, energy and `(q, v)` along saved states."""
+    """Constraint residuals, energy, `(q, v)` and the unilateral rows (`None`
+    without) along saved states. The residuals are the model's own rows, not the
+    held unilateral rows a `WithUnilateral` appends."""
     model = context.model
+    base = model.model if isinstance(model, WithUnilateral) else model
 
     def one(t, y):
         # From one `terms`: a loaded model evaluates MJX once for all three.
         q, v = formulation.coordinates(t, y, context)
-        terms = model.terms(t, q, v)
+        terms = base.terms(t, q, v)
         hol, vel = terms.residuals
-        return hol, vel, terms.energy, q, v
+        gaps = base.unilateral(t, q) if base is not model else None
+        return hol, vel, terms.energy, q, v, gaps
 
     return _along(one, ts, ys)
 
 
 def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, ys,
-                   *, rows: int):
+                   *, rows: int, active=None):
     """The constraint force, multipliers and `(qdot, vdot)` (see `rates`) along
     saved states, the formulation's per-step data taken with step `dt` from each
-    state. The model's run-time checks turn a failing row into NaN (they held at
+    state, and with the unilateral rows `active` at each (a `WithUnilateral`
+    model). The model's run-time checks turn a failing row into NaN (they held at
     these states during the solve)."""
 
     context = dataclasses.replace(context, throw=False)
+    if active is not None:
+        ys = (ys, active)
 
     def one(t, y):
-        frozen = formulation.freeze(t, t + dt, y, context)
-        dyn = formulation.dynamics(t, y, context, frozen)
-        qdot, vdot = rates(formulation, context, t, y, dyn)
+        ctx = context
+        if active is not None:
+            # The unilateral rows held at this row (`_along` zeroed unused rows).
+            y, held = y
+            ctx = eqx.tree_at(lambda c: c.model.active, ctx, held)
+        frozen = formulation.freeze(t, t + dt, y, ctx)
+        dyn = formulation.dynamics(t, y, ctx, frozen)
+        qdot, vdot = rates(formulation, ctx, t, y, dyn)
         return dyn.force, dyn.multipliers, qdot, vdot
 
     return _along(one, ts, ys, (False, rows == 0, False, False))
@@ -431,7 +484,7 @@ def _dynamics_of_solution(sol: Solution):
                          "evaluate the dynamics at its states")
     batch, rows = sol.ts.shape[:-1], sol.ts.shape
     leaves = jax.tree.leaves((sol._context_arrays, sol._dt_frozen))
-    states = jax.tree.leaves((sol.state, sol.controller_state))
+    states = jax.tree.leaves((sol.state, sol.controller_state, sol.active))
     if (any(jnp.shape(x)[:len(batch)] != batch for x in leaves)
             or any(jnp.shape(x)[:len(rows)] != rows for x in states)):
         raise ValueError(
@@ -442,8 +495,11 @@ def _dynamics_of_solution(sol: Solution):
     context = eqx.combine(sol._context_arrays, sol._context_static.value)
     controlled = isinstance(context.formulation, ControllerState)
     ys = (sol.state, sol.controller_state) if controlled else sol.state
-    return _batched_dynamics(context, sol._dt_frozen, sol.ts, ys,
-                             rows=sol.velocity_residual.shape[-1], batch=len(batch))
+    rows = sol.velocity_residual.shape[-1]
+    if sol.active is not None:
+        rows += sol.active.shape[-1]
+    return _batched_dynamics(context, sol._dt_frozen, sol.ts, ys, sol.active,
+                             rows=rows, batch=len(batch))
 
 
 class _Static:
@@ -465,14 +521,15 @@ class _Static:
 
 
 @eqx.filter_jit
-def _batched_dynamics(context, dt, ts, ys, *, rows: int, batch: int):
-    def one_solution(context, dt, ts, ys):
-        return dynamics_along(context.formulation, context, dt, ts, ys, rows=rows)
+def _batched_dynamics(context, dt, ts, ys, active, *, rows: int, batch: int):
+    def one_solution(context, dt, ts, ys, active):
+        return dynamics_along(context.formulation, context, dt, ts, ys, rows=rows,
+                              active=active)
 
     fn = one_solution
     for _ in range(batch):
         fn = eqx.filter_vmap(fn)
-    return fn(context, dt, ts, ys)
+    return fn(context, dt, ts, ys, active)
 
 
 def build_solution(formulation: AbstractFormulation, context: Context,
@@ -485,7 +542,7 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     `controller_state`, the saved states are `(y, z)` (a formulation wrapped with
     a stateful controller's state `z`), saved apart."""
     ts, ys, result = trajectory.ts, trajectory.ys, trajectory.result
-    hol, vel, energy, q, v = diagnostics(formulation, context, ts, ys)
+    hol, vel, energy, q, v, gaps = diagnostics(formulation, context, ts, ys)
     if result._enumeration is not RESULTS:
         result = RESULTS.promote(result)
     stats = dict(trajectory.stats)
@@ -504,8 +561,10 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     ys, zs = ys if controller_state else (ys, None)
     arrays, static = eqx.partition(context, eqx.is_array)
     return Solution(ts, q, v, hol, vel, energy, ys, result, dt_taken, stats,
-                    None if energy is None else context.e0, zs, arrays,
-                    _Static(static), jnp.asarray(dt, ts.dtype))
+                    energy0=None if energy is None else context.e0,
+                    controller_state=zs, unilateral=gaps, active=trajectory.active,
+                    _context_arrays=arrays, _context_static=_Static(static),
+                    _dt_frozen=jnp.asarray(dt, ts.dtype))
 
 
 def stack_saved(t0=None, ts=None, steps=None, t1=None):

@@ -89,6 +89,19 @@ def test_bouncing_ball_matches_its_closed_form(ball_runs, name):
     assert np.abs(q[after_rest]).max() < 1e-12
     assert np.abs(v[after_rest]).max() < 1e-12
     assert q.min() > -1e-12
+    # The solution's diagnostics: the row's value, the active set, and the contact
+    # force at rest, the ball's weight 2 g, pushing.
+    assert sol.holonomic_residual.shape[-1] == 0
+    np.testing.assert_array_equal(np.asarray(sol.unilateral[:, 0]), q)
+    assert float(sol.max_penetration) < 1e-12
+    active = np.asarray(sol.active[:, 0])
+    assert active[after_rest].all() and not active[ts < times[0]].any()
+    lam = np.asarray(sol.unilateral_multipliers[:, 0])
+    np.testing.assert_allclose(lam[after_rest], 2 * GRAVITY, rtol=1e-12)
+    assert np.all(lam[~active] == 0)
+    np.testing.assert_allclose(np.asarray(sol.constraint_force[after_rest, 0]),
+                               2 * GRAVITY, rtol=1e-12)
+    assert np.abs(np.asarray(sol.vdot[after_rest, 0])).max() < 1e-10
 
 
 class PendulumAgainstWall(cdiff.AbstractModel):
@@ -231,6 +244,26 @@ def test_batch_has_its_own_events():
                                atol=1e-12)
 
 
+def test_batched_solution_has_each_members_active_set():
+    """A vmapped solution's unilateral multipliers, read outside the vmap, use each
+    member's own active set: equal to those of the members solved one at a time."""
+    def solve(h0):
+        return cdiff.simulate(Ball(restitution=0.0), cdiff.UdwadiaKalaba(),
+                              jnp.atleast_1d(h0), jnp.zeros(1), t1=0.6, dt=1e-2)
+
+    h0 = jnp.array([0.2, 0.5, 2.0])  # at rest from 0.20 s and 0.32 s; never lands
+    batch = jax.jit(jax.vmap(solve))(h0)
+    lam = np.asarray(batch.unilateral_multipliers[..., 0])
+    active = np.asarray(batch.active[..., 0])
+    assert active[0, -1] and active[1, -1] and not active[2].any()
+    for i, h in enumerate(h0):
+        one = jax.jit(solve)(h)
+        np.testing.assert_array_equal(np.asarray(one.active[:, 0]), active[i])
+        np.testing.assert_allclose(np.asarray(one.unilateral_multipliers[:, 0]),
+                                   lam[i], rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lam[active], 2 * GRAVITY, rtol=1e-12)
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(formulation=cdiff.NullSpace()), "NullSpace"),
     (dict(solver=cdiff.RK4(fast_paths=False)), "solver RK4"),
@@ -281,6 +314,14 @@ def test_a_row_is_released_when_its_multiplier_would_pull():
     assert np.all(q >= late - 1e-12) and np.all(q <= exact + 1e-12)
     assert abs(q[-1] - exact[-1]) < 0.07 * exact[-1]
     assert int(sol.stats["events"].count) == 1  # the contact made at t0
+    # While held, the contact force is m g (1 - 2t), never pulling: the row is
+    # released at the end of the first step where it would.
+    lam = np.asarray(sol.unilateral_multipliers[:, 0])
+    active = np.asarray(sol.active[:, 0])
+    np.testing.assert_array_equal(active[1:], ts[1:] <= 0.5 + 1e-9)
+    np.testing.assert_allclose(lam[active], 2 * GRAVITY * (1 - 2 * ts[active]),
+                               rtol=0, atol=1e-12)
+    assert lam[active].min() > -1e-12 and np.all(lam[~active] == 0)
 
 
 def test_bouncing_ball_in_float32():

@@ -47,7 +47,14 @@ def test_double_pendulum_on_its_elbow_limit_matches_mujoco():
     assert int(events.count) == 1 and events.rows[0].tolist() == [True, False]
     q = np.asarray(sol.q)
     # Exact limit: no saved state or event state beyond it.
-    assert q[:, 1].min() >= -0.6 - 1e-10
+    assert q[:, 1].min() >= -0.6 - 1e-10 and float(sol.max_penetration) < 1e-10
+    # After the plastic impact the elbow swings back off its limit (the limit would
+    # pull at the step's end, so it is released there): no saved row holds it, and
+    # the lower row's value grows from zero.
+    assert not np.asarray(sol.active).any()
+    g = np.asarray(sol.unilateral[:, 0])
+    after = np.asarray(sol.ts) > float(events.t[0])
+    assert 0 <= g[after][0] < 1e-4 and np.all(np.diff(g[after][:20]) > 0)
     assert abs(float(events.q[0, 1]) + 0.6) < 1e-12
     stiff, stiff_low = mujoco_reference(4e-5)
     soft, _ = mujoco_reference(2e-4)

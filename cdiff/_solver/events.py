@@ -4,9 +4,9 @@ impacts, and the active set.
 Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
 (`equinox.internal.while_loop`, reverse-mode differentiable):
 
-1. **Release.** Before a sub-step, an active row whose multiplier would pull
-   ($\lambda_i < 0$, Aghili's condition that a unilateral constraint holds only
-   while its force pushes) is released.
+1. **Release.** At the end of a step and before a sub-step after an event, an
+   active row whose multiplier would pull ($\lambda_i < 0$, Aghili's condition
+   that a unilateral constraint holds only while its force pushes) is released.
 2. **Detection.** An RK4 step to $t_b$ with the active rows held as equalities; an
    inactive row that ends below zero, and lower than it started, is crossed.
 3. **Location.** The crossing time is the root of $m(t) = \min_i g_i$ over the
@@ -122,16 +122,22 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         g = model.unilateral(t, q)
         return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
-    def release(c: _Carry):
-        prob = _with(problem, c.active, c.e0)
-        frozen = prob.freeze(c.t, tb, c.y)
-        lam = prob.formulation.dynamics(c.t, c.y, prob.context, frozen).multipliers
+    def release(t, y, active, e0, keep):
+        """`active` less the rows whose multiplier would pull at `(t, y)`, except
+        where `keep`."""
+        prob = _with(problem, active, e0)
+        frozen = prob.freeze(t, t + dt_rest, y)
+        lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
         pulls = lam[m_base:m_base + r] < 0
-        return c.active & ~(pulls & ~c.locating)
+        return active & ~(pulls & ~keep)
 
     def body(c: _Carry) -> _Carry:
-        active = jax.lax.cond(eqxi.unvmap_any(jnp.any(c.active) & ~c.locating), release,
-                              lambda c: c.active, c)
+        # (The step's first sub-step starts from the previous step's end, where the
+        # release was checked.)
+        check = jnp.any(c.active) & ~c.locating & (c.substeps > 0)
+        active = jax.lax.cond(
+            eqxi.unvmap_any(check),
+            lambda c: release(c.t, c.y, c.active, c.e0, ~check), lambda c: c.active, c)
         prob = _with(problem, active, c.e0)
         # Illinois' trial point in the bracket, or the end of the step.
         denominator = jnp.where(c.locating, c.m_hi - c.m_lo, -1.0)
@@ -238,6 +244,13 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
                   jnp.asarray(0))
     final = eqxi.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body, init,
                             max_steps=MAX_SUBSTEPS, kind="checkpointed")
+    # The release at the step's end, so that the active set saved with the state
+    # holds only rows that push.
+    check = jnp.any(final.active) & final.done
+    active = jax.lax.cond(
+        eqxi.unvmap_any(check),
+        lambda: release(final.t, final.y, final.active, final.e0, ~check),
+        lambda: final.active)
 
     # The step's events appended to the solve's, where some trajectory had one.
     def merge(events):
@@ -250,7 +263,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
 
     events = jax.lax.cond(eqxi.unvmap_any(final.events.count > 0), merge,
                           lambda events: events, events)
-    return final.y, final.active, final.e0, events, final.done
+    return final.y, active, final.e0, events, final.done
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
@@ -274,29 +287,34 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         carry = (y, jnp.where(keep, active1, active), jnp.where(keep, e01, e0), result,
                  events1)
         row = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (tb, y1))
-        return carry, row
+        return carry, (row, jnp.where(keep, active1, False))
 
     y0 = problem.y0
     active0 = problem.context.model.active
     init = (y0, active0, problem.context.e0, RESULTS.successful,
             Events.empty(y0[0], y0[1], active0.shape[0]))
     xs = (grid_ts[:steps], grid_ts[1:steps + 1])
-    (y, _, _, result, events), step_rows = jax.lax.scan(body, init, xs)
+    (y, active, _, result, events), (step_rows, step_active) = jax.lax.scan(
+        body, init, xs)
     if save_steps and rows > steps:
-        step_rows = jax.tree.map(
-            lambda x: jnp.concatenate([x, jnp.full((rows - steps,) + x.shape[1:],
-                                                   jnp.inf, x.dtype)]), step_rows)
+        def pad(x, fill):
+            return jnp.concatenate([x, jnp.full((rows - steps,) + x.shape[1:], fill,
+                                                x.dtype)])
+        step_rows = jax.tree.map(lambda x: pad(x, jnp.inf), step_rows)
+        step_active = pad(step_active, False)
 
     def row(x):
         return jax.tree.map(lambda a: a[None], x)
 
-    ts, ys = stack_saved(
-        t0=row((grid_ts[0], y0)) if save_t0 else None,
-        steps=step_rows if save_steps else None,
-        t1=row((grid_ts[steps], y)) if save_t1 and not save_steps else None)
+    # The active set saved as part of each row's state: (y, active).
+    ts, (ys, saved_active) = stack_saved(
+        t0=row((grid_ts[0], (y0, active0))) if save_t0 else None,
+        steps=(step_rows[0], (step_rows[1], step_active)) if save_steps else None,
+        t1=(row((grid_ts[steps], (y, active))) if save_t1 and not save_steps
+            else None))
     if throw:
         ts = result.error_if(ts, result != RESULTS.successful)
     taken = jnp.asarray(steps)
     stats = dict(max_steps=rows, num_steps=taken, num_accepted_steps=taken,
                  num_rejected_steps=jnp.zeros_like(taken), events=events)
-    return Trajectory(ts, ys, result, stats)
+    return Trajectory(ts, ys, result, stats, active=saved_active)
