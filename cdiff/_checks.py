@@ -244,9 +244,9 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     if e is not None and not (np.all(e >= 0) and np.all(e <= 1)):
         raise ValueError(f"{name}.restitution must lie in [0, 1], got {e}")
     unsupported = []
-    if type(formulation) not in (UdwadiaKalaba, Lagrange, Projection):
+    if type(formulation) not in (UdwadiaKalaba, Lagrange, Projection, NullSpace):
         unsupported.append(f"the formulation {type(formulation).__name__} (supported: "
-                           "UdwadiaKalaba, Lagrange, Projection)")
+                           "UdwadiaKalaba, Lagrange, Projection, NullSpace)")
     if control is not None and isinstance(control, AbstractStatefulController):
         unsupported.append("a stateful controller")
     if type(solver) is not RK4 or not solver.fast_paths:

@@ -115,6 +115,15 @@ class Problem(eqx.Module):
         """The formulation's map of the state at the end of a step."""
         return self.formulation.end_step(t, y, self.context)
 
+    def coordinates(self, t, y):
+        """`(q, v)` of the formulation's state `y`."""
+        return self.formulation.coordinates(t, y, self.context)
+
+    def restart(self, t, q, v) -> PyTree:
+        """The formulation's state at `(q, v)` after an event (see
+        `AbstractFormulation.restart`)."""
+        return self.formulation.restart(t, q, v, self.context)
+
     def solution(self, trajectory: Trajectory, *, dt, dt_taken, throw: bool,
                  divergence) -> Solution:
         """The [`Solution`][] of a route's `trajectory` (see `build_solution`)."""

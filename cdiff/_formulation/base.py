@@ -180,6 +180,13 @@ class AbstractFormulation(eqx.Module):
         del t, context
         return y
 
+    def restart(self, t, q, v, context: Context) -> PyTree:
+        """The state at `(q, v)` after an event changed the velocity or the rows the
+        model holds (an impact; a unilateral row taken or released). Default:
+        `(q, v)`."""
+        del t, context
+        return q, v
+
 
 def applied_forces(context: Context, t, q, v, terms: Terms | None = None
                    ) -> Float[Array, " nv"]:

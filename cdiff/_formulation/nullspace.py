@@ -107,6 +107,12 @@ class NullSpace(AbstractFormulation):
     and $\nu$ is continuous along the trajectory. `Solution.state` holds
     $(q, \nu, R)$.
 
+    **Unilateral rows** ([`cdiff.AbstractModel.unilateral`][]) held as equalities
+    join $A$. Their number changes at events, $\nu$ keeps its `dof` entries: at
+    each event the basis is taken afresh by eqs. 33-35, with a zero column for
+    each direction the held rows remove (its entry of $\nu$ stays 0), and $\nu$
+    refitted to the velocity after the event (eq. 36).
+
     **$\gamma$ without numerical differentiation.** $\gamma = \dot S\nu + \dot\eta$
     is the exact time derivative of $S(q)\nu + \eta(t, q)$ at fixed $\nu$, by
     forward-mode autodiff, valid for any basis. The paper instead uses
@@ -192,19 +198,33 @@ class NullSpace(AbstractFormulation):
         if self.dof is None or not 0 < self.dof <= n:
             raise ValueError(f"NullSpace: dof must be in 1..{n}, got {self.dof}")
         model = context.model
-        # Eqs. 33-35: the first dof left singular vectors of H = I - A^+ A. Only the
-        # basis depends on this choice, not the motion: no gradient through the SVD.
-        A, _ = self._constraint(model, t0, q0, n)
-        U, _, _ = jnp.linalg.svd(projector(PseudoInverse(A, self.rtol)))
-        R = jax.lax.stop_gradient(U[:, : self.dof])
+        R = self._svd_basis(model, t0, q0, n)
         return q0, self._fit_nu(model, t0, q0, R, v0), R
+
+    def restart(self, t, q, v, context: Context):
+        """After an event (an impact, a unilateral row taken or released): a fresh
+        basis of the null space of the rows now held, and nu fitted to `v`."""
+        R = self._svd_basis(context.model, t, q, v.shape[0])
+        return q, self._fit_nu(context.model, t, q, R, v), R
+
+    def _svd_basis(self, model, t, q, n: int):
+        """Eqs. 33-35: the first `dof` left singular vectors of H = I - A^+ A, those
+        of singular value 0 (where held unilateral rows leave fewer than `dof`
+        directions) set to zero columns. Only the basis depends on this choice, not
+        the motion: no gradient through the SVD."""
+        A, _ = self._constraint(model, t, q, n)
+        # (No derivative enters the SVD, whose rule is long to compile.)
+        H = jax.lax.stop_gradient(projector(PseudoInverse(A, self.rtol)))
+        U, s, _ = jnp.linalg.svd(H)
+        return jnp.where(s[: self.dof] > 0.5, U[:, : self.dof], 0.0)
 
     def _fit_nu(self, model, t, q, R, v):
         """Eq. 36: the least-squares nu with S nu + eta = v (S has full column
-        rank: normal equations). S nu + eta is then the Euclidean projection of v
-        onto the admissible velocities (eta lies in the row space of A)."""
+        rank but for zero columns, whose nu is 0: normal equations). S nu + eta is
+        then the Euclidean projection of v onto the admissible velocities (eta lies
+        in the row space of A)."""
         S, eta, _ = self._basis(model, t, q, R)
-        return cho_solve(cholesky(S.T @ S), S.T @ (v - eta))
+        return cho_solve(cholesky(_regular(S.T @ S, R)), S.T @ (v - eta))
 
     def coordinates(self, t, y, context: Context):
         q, nu, R = y
@@ -226,8 +246,8 @@ class NullSpace(AbstractFormulation):
         """Re-orthonormalise the transported basis; the velocity is unchanged."""
         q, nu, R = y
         S, _, _ = self._basis(context.model, t, q, R)
-        L = cholesky(S.T @ S)
-        R = solve_triangular(L, S.T).T  # S L^{-T}
+        L = cholesky(_regular(S.T @ S, R))
+        R = solve_triangular(L, S.T).T  # S L^{-T} (zero columns stay zero)
         return q, L.T @ nu, R
 
     # --- dynamics (eq. 28) ----------------------------------------------------------
@@ -250,7 +270,7 @@ class NullSpace(AbstractFormulation):
         M = error_if(M, ~is_symmetric(M), f"cdiff: {type(model).__name__}."
                      "mass_matrix(t, q) is not symmetric at a state reached by the "
                      "solver.", throw=context.throw)
-        SMS = S.T @ M @ S
+        SMS = _regular(S.T @ M @ S, R)
         chol = cholesky(SMS)
         chol = error_if(
             chol,
@@ -316,3 +336,11 @@ class NullSpace(AbstractFormulation):
         force = M @ (S @ nudot + gamma) - F  # in the row space of A
         rate = (model.position_rate(t, q, qdot), nudot, jnp.zeros_like(R))
         return Dynamics(rate, force, pinv.multipliers(pinv.C @ force))
+
+
+def _regular(G, R):
+    """The Gram matrix `G` of the basis `S = P R` with 1 on the diagonal of R's zero
+    columns (directions that held unilateral rows removed), whose components of
+    nu are then constant."""
+    dead = jnp.sum(R * R, axis=0) < 0.25
+    return G + jnp.diag(dead.astype(G.dtype))

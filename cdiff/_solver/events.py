@@ -34,10 +34,10 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._impact import Impact, WithUnilateral, impact, unilateral_rate
+from .._impact import WithUnilateral, impact, unilateral_rate
 from .._problem import Problem
 from .._results import RESULTS
-from .._solution import Trajectory, stack_saved
+from .._solution import Trajectory, rates, stack_saved
 from .rk4 import rk4_step
 
 # Sub-steps (detection, location trials, sub-steps after events) within one step.
@@ -123,21 +123,24 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
     def release(t, y, active, e0, keep):
-        """`active` less the rows whose multiplier would pull at `(t, y)`, except
-        where `keep`."""
+        """`(active, y)`: `active` less the rows whose multiplier would pull at
+        `(t, y)`, except where `keep`, and the state restarted with those rows."""
         prob = _with(problem, active, e0)
         frozen = prob.freeze(t, t + dt_rest, y)
         lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
         pulls = lam[m_base:m_base + r] < 0
-        return active & ~(pulls & ~keep)
+        active = active & ~(pulls & ~keep)
+        return active, _with(problem, active, e0).restart(t, *prob.coordinates(t, y))
 
     def body(c: _Carry) -> _Carry:
         # (The step's first sub-step starts from the previous step's end, where the
         # release was checked.)
         check = jnp.any(c.active) & ~c.locating & (c.substeps > 0)
-        active = jax.lax.cond(
+        active, y = jax.lax.cond(
             eqxi.unvmap_any(check),
-            lambda c: release(c.t, c.y, c.active, c.e0, ~check), lambda c: c.active, c)
+            lambda c: release(c.t, c.y, c.active, c.e0, ~check),
+            lambda c: (c.active, c.y), c)
+        c = c._replace(y=y)
         prob = _with(problem, active, c.e0)
         # Illinois' trial point in the bracket, or the end of the step.
         denominator = jnp.where(c.locating, c.m_hi - c.m_lo, -1.0)
@@ -148,10 +151,10 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         # step of size zero, which a formulation's per-step data may divide by.
         moved = t_try > c.t
         t_step = jnp.where(moved, t_try, tb)
-        y_try, _, k_last = rk4_step(prob.rate, prob.freeze, prob.end_step, c.t, t_step,
+        y_try, _, _ = rk4_step(prob.rate, prob.freeze, prob.end_step, c.t, t_step,
                                     c.y)
         y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, c.y)
-        q_try, v_try = y_try
+        q_try, v_try = prob.coordinates(t_try, y_try)
         m_start, _ = gap(c.t, c.y[0], active)
         m_try, g_try = gap(t_try, q_try, active)
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q_try)))
@@ -173,18 +176,26 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
             mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
             delta = -(m_try - jax.lax.stop_gradient(m_try)) / mdot
+            # (delta is zero in value: the rates at the trial matter only for the
+            # derivative.)
+            frozen = prob.freeze(t_try, t_try + dt_rest, y_try)
+            dyn = prob.formulation.dynamics(t_try, y_try, prob.context, frozen)
+            _, vdot = rates(prob.formulation, prob.context, t_try, y_try, dyn)
             q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
-            v_e = v_try + delta * k_last[1] / (t_step - c.t)
+            v_e = v_try + delta * vdot
             t_e = t_try + delta
             g_e = model.unilateral(t_e, q_e)
             hit = ~active & (g_e <= eps ** 0.75 * scale)
             first = impact(model, t_e, q_e, v_e, hit, throw=prob.context.throw)
             # Rest: a bounce too slow to leave for a step becomes plastic.
-            y_plus = (q_e, first.v)
-            rate = prob.rate(t_e, y_plus, prob.freeze(t_e, t_e + dt_rest, y_plus))
+            y_plus = prob.restart(t_e, q_e, first.v)
+            frozen = prob.freeze(t_e, t_e + dt_rest, y_plus)
+            dyn = prob.formulation.dynamics(t_e, y_plus, prob.context, frozen)
+            qdot, vdot = rates(prob.formulation, prob.context, t_e, y_plus, dyn)
+            q_plus, v_plus = prob.coordinates(t_e, y_plus)
             gdot_plus, gddot = jax.jvp(
-                lambda q, v: unilateral_rate(model, t_e, q, v)[1],
-                (q_e, first.v), (model.position_rate(t_e, q_e, first.v), rate[1]))
+                lambda q, v: unilateral_rate(model, t_e, q, v)[1], (q_plus, v_plus),
+                (model.position_rate(t_e, q_plus, v_plus), vdot))
             rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
             out = impact(model, t_e, q_e, v_e, hit, restitution=jnp.where(rest, 0.0, e),
                          throw=prob.context.throw)
@@ -197,22 +208,21 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             e_after = c.e0 if e_after is None else jnp.asarray(e_after, dtype)
             events = c.events.add(event, t_e, q_e, v_e, out.v, out.impulse, out.rows,
                                   rest & out.rows)
-            return (t_e, q_e, v_e, out, contact, e_after, events)
+            y_after = _with(problem, active | contact, c.e0).restart(t_e, q_e, out.v)
+            return (t_e, y_after, contact, e_after, events)
 
         def no_event(_):
-            none = jnp.zeros_like(active)
-            return (t_try, q_try, v_try, Impact(v_try, jnp.zeros(r, dtype), none), none,
-                    c.e0, c.events)
+            return (t_try, y_try, jnp.zeros_like(active), c.e0, c.events)
 
         # Computed only where some trajectory of the batch has an event.
-        t_e, q_e, v_e, out, contact, e_after, events = jax.lax.cond(
+        t_e, y_e, contact, e_after, events = jax.lax.cond(
             eqxi.unvmap_any(event), at_event, no_event, None)
 
         accept_free = ~c.locating & ~crossed
         t_new = jnp.where(event, t_e, jnp.where(accept_free, t_try, c.t))
         y_new = jax.tree.map(
             lambda ev, fr, old: jnp.where(event, ev, jnp.where(accept_free, fr, old)),
-            (q_e, out.v), y_try, c.y)
+            y_e, y_try, c.y)
         active_new = jnp.where(event, active | contact, active)
         # Bracket: opened on a crossing, narrowed while locating.
         lo = jnp.where(start_locating, c.t, jnp.where(feasible, t_try, c.lo))
@@ -238,7 +248,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             substeps=c.substeps + 1)
 
     zero = jnp.zeros((), dtype)
-    step_events = Events.empty(y[0], y[1], r, _STEP_EVENTS)
+    step_events = Events.empty(*problem.coordinates(ta, y), r, _STEP_EVENTS)
     init = _Carry(ta, y, active, e0, jnp.asarray(False), zero, zero, zero, zero,
                   jnp.asarray(0), jnp.asarray(0), jnp.asarray(False), step_events,
                   jnp.asarray(0))
@@ -247,10 +257,10 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     # The release at the step's end, so that the active set saved with the state
     # holds only rows that push.
     check = jnp.any(final.active) & final.done
-    active = jax.lax.cond(
+    active, y = jax.lax.cond(
         eqxi.unvmap_any(check),
         lambda: release(final.t, final.y, final.active, final.e0, ~check),
-        lambda: final.active)
+        lambda: (final.active, final.y))
 
     # The step's events appended to the solve's, where some trajectory had one.
     def merge(events):
@@ -263,7 +273,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
 
     events = jax.lax.cond(eqxi.unvmap_any(final.events.count > 0), merge,
                           lambda events: events, events)
-    return final.y, active, final.e0, events, final.done
+    return y, active, final.e0, events, final.done
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
@@ -292,7 +302,7 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     y0 = problem.y0
     active0 = problem.context.model.active
     init = (y0, active0, problem.context.e0, RESULTS.successful,
-            Events.empty(y0[0], y0[1], active0.shape[0]))
+            Events.empty(*problem.coordinates(grid_ts[0], y0), active0.shape[0]))
     xs = (grid_ts[:steps], grid_ts[1:steps + 1])
     (y, active, _, result, events), (step_rows, step_active) = jax.lax.scan(
         body, init, xs)
