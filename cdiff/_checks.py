@@ -18,6 +18,7 @@ from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.lagrange import Lagrange
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._formulation.projection import Projection
+from ._formulation.regularized import Regularized
 from ._formulation.udwadia_kalaba import UdwadiaKalaba
 from ._model import has_energy
 from ._results import is_concrete
@@ -244,9 +245,11 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     if e is not None and not (np.all(e >= 0) and np.all(e <= 1)):
         raise ValueError(f"{name}.restitution must lie in [0, 1], got {e}")
     unsupported = []
-    if type(formulation) not in (UdwadiaKalaba, Lagrange, Projection, NullSpace):
+    if type(formulation) not in (UdwadiaKalaba, Lagrange, Projection, NullSpace,
+                                 Regularized):
         unsupported.append(f"the formulation {type(formulation).__name__} (supported: "
-                           "UdwadiaKalaba, Lagrange, Projection, NullSpace)")
+                           "UdwadiaKalaba, Lagrange, Projection, NullSpace, "
+                           "Regularized)")
     if control is not None and isinstance(control, AbstractStatefulController):
         unsupported.append("a stateful controller")
     if type(solver) is not RK4 or not solver.fast_paths:
