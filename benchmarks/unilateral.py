@@ -1,6 +1,7 @@
 """The cost of unilateral rows: a Cartesian pendulum (UdwadiaKalaba + RK4, dt = 1e-3,
 2 s, float64) without unilateral rows, with a wall it never reaches, and with a
-wall it hits (restitution 0.6, about 5 impacts), one trajectory and a vmapped batch.
+wall it hits (restitution 0.6, about 5 impacts): one trajectory, a vmapped batch,
+and the gradient of one final coordinate with respect to the initial angle.
 
     python benchmarks/unilateral.py [--batch 256] [--repeats 5] [--record]
 
@@ -82,8 +83,12 @@ def main():
                                  t1=2.0, dt=1e-3, saveat=cdiff.SaveAt(t1=True))
             return sol.q[-1]
 
+        def loss(theta, final=final):
+            return final(theta)[0]
+
         for kind, fn, x in (("one", jax.jit(final), theta[0]),
-                            (f"batch {args.batch}", jax.jit(jax.vmap(final)), theta)):
+                            (f"batch {args.batch}", jax.jit(jax.vmap(final)), theta),
+                            ("gradient of one", jax.jit(jax.grad(loss)), theta[0])):
             compile_s, run = _time(fn, x, repeats=args.repeats)
             base.setdefault(kind, run)
             rows.append(f"| {name} | {kind} | {compile_s:.2f} | {run * 1e3:.2f} | "

@@ -236,7 +236,10 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         side = jnp.where(start_locating, 0, jnp.where(feasible, 1, -1))
         locating = jnp.where(start_locating, True, c.locating & ~event)
         keep = c.locating | start_locating
-        lo, hi, m_lo, m_hi = (jnp.where(keep, a, b) for a, b in
+        # The bracket only steers the trial times, which carry no derivative:
+        # without one, reverse mode finds the loop's differentiated carry in one
+        # pass fewer.
+        lo, hi, m_lo, m_hi = (jax.lax.stop_gradient(jnp.where(keep, a, b)) for a, b in
                               zip((lo, hi, m_lo, m_hi), (c.lo, c.hi, c.m_lo, c.m_hi)))
         return _Carry(
             t=t_new, y=y_new, active=active_new,
