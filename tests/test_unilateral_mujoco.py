@@ -1,5 +1,6 @@
-"""A loaded MJCF model with a joint limit against MuJoCo's soft limit as it converges
-to a plastic stop: a double pendulum whose elbow falls onto its range."""
+"""Loaded MJCF models with joint limits against MuJoCo's soft limits as they converge
+to a plastic stop: a double pendulum whose elbow falls onto its range, and a
+four-bar (a closed loop) whose crank swings onto its limit and stays there."""
 
 import jax
 import jax.numpy as jnp
@@ -62,3 +63,63 @@ def test_double_pendulum_on_its_elbow_limit_matches_mujoco():
     own = np.abs(stiff - soft)
     assert np.all(np.abs(q[-1] - stiff) <= own), (q[-1], stiff, soft)
     assert stiff_low < -0.6  # the soft limit is penetrated
+
+
+FOUR_BAR = """<mujoco model="four-bar with a stop"><compiler angle="radian"/>
+<option timestep="{dt}" integrator="RK4"><flag contact="disable"/></option>
+<default><geom type="capsule" size="0.05" contype="0" conaffinity="0"/></default>
+<worldbody>
+  <body name="crank"><joint name="crank" axis="0 1 0" range="-0.35 0.35"
+      limited="true" solreflimit="{timeconst} 20"
+      solimplimit="0.9999 0.9999 0.001 0.5 2"/>
+    <geom fromto="0 0 0 0 0 1" mass="1"/>
+    <body name="coupler" pos="0 0 1"><joint name="coupler" axis="0 1 0"/>
+      <geom fromto="0 0 0 2 0 0.5" mass="2"/></body></body>
+  <body name="rocker" pos="2 0 0"><joint name="rocker" axis="0 1 0"/>
+    <geom fromto="0 0 0 0 0 1.5" mass="1.5"/></body></worldbody>
+<equality><connect name="pin" body1="coupler" body2="rocker" anchor="2 0 0.5"
+  solref="{timeconst} 1" solimp="0.9999 0.9999 0.001 0.5 2"/></equality></mujoco>"""
+V0 = np.array([0.5, -0.5, 1 / 3])  # on the loop's velocity constraint at q = 0
+T_BEFORE, T_END = 0.45, 0.8
+
+
+def four_bar_reference(timeconst, dt=1e-5):
+    """MuJoCo's states at T_BEFORE and T_END, with the limit and the loop's pin both
+    soft at time constant `timeconst` (the limit heavily damped)."""
+    m = mujoco.MjModel.from_xml_string(FOUR_BAR.format(dt=dt, timeconst=timeconst))
+    d = mujoco.MjData(m)
+    d.qvel[:] = V0
+    out = []
+    for t_end in (T_BEFORE, T_END):
+        while d.time < t_end - dt / 2:
+            mujoco.mj_step(m, d)
+        out.append(d.qpos.copy())
+    return out
+
+
+def test_four_bar_on_its_crank_limit_matches_mujoco():
+    """The crank swings up onto its upper limit (0.35 rad), where gravity holds it:
+    before the impact and at rest on the limit, cdiff's state lies within the
+    difference between MuJoCo at time constants 4e-5 and 2e-4; the loop stays
+    closed to round-off and the limit pushes."""
+    model = cdiff.models.from_mujoco(FOUR_BAR.format(dt=1e-3, timeconst=0.02))
+    assert model.ignored == ()
+    q0, _ = model.initial_state()
+    sol = jax.jit(lambda: cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0,
+                                         jnp.asarray(V0), t1=T_END, dt=1e-3))()
+    assert sol.result == cdiff.RESULTS.successful
+    events = sol.stats["events"]
+    assert int(events.count) == 1 and events.rows[0].tolist() == [False, True]
+    assert T_BEFORE < float(events.t[0]) < T_END
+    assert float(sol.max_penetration) < 1e-10
+    assert float(sol.max_constraint_error) < 1e-12
+    ts = np.asarray(sol.ts)
+    before, end = (int(np.argmin(np.abs(ts - t))) for t in (T_BEFORE, T_END))
+    stiff = four_bar_reference(4e-5)
+    soft = four_bar_reference(2e-4)
+    for i, a, b in zip((before, end), stiff, soft):
+        own = np.abs(a - b)
+        assert np.all(np.abs(np.asarray(sol.q[i]) - a) <= own), (sol.q[i], a, b)
+    # At rest on the upper limit, which pushes.
+    assert abs(float(sol.q[-1, 0]) - 0.35) < 1e-12
+    assert bool(sol.active[-1, 1]) and float(sol.unilateral_multipliers[-1, 1]) > 0
