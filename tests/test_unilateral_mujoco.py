@@ -1,6 +1,8 @@
-"""Loaded MJCF models with joint limits against MuJoCo's soft limits as they converge
-to a plastic stop: a double pendulum whose elbow falls onto its range, and a
-four-bar (a closed loop) whose crank swings onto its limit and stays there."""
+"""Loaded MJCF models with limits against MuJoCo's soft limits as they converge to a
+plastic stop: a double pendulum whose elbow falls onto its range, a four-bar (a
+closed loop) whose crank swings onto its limit and stays there, a spherical
+pendulum against its ball joint's cone, and a double pendulum whose fixed tendon
+reaches both ends of its range."""
 
 import jax
 import jax.numpy as jnp
@@ -123,3 +125,60 @@ def test_four_bar_on_its_crank_limit_matches_mujoco():
     # At rest on the upper limit, which pushes.
     assert abs(float(sol.q[-1, 0]) - 0.35) < 1e-12
     assert bool(sol.active[-1, 1]) and float(sol.unilateral_multipliers[-1, 1]) > 0
+
+
+BALL = """<mujoco model="spherical pendulum in a cone"><compiler angle="radian"/>
+<option timestep="{dt}" integrator="RK4"><flag contact="disable"/></option>
+<default><geom type="capsule" size="0.04" density="1000"/></default>
+<worldbody><body name="rod"><joint name="ball" type="ball" range="0 0.5"
+  limited="true" solreflimit="{timeconst} 20"
+  solimplimit="0.9999 0.9999 0.001 0.5 2"/>
+  <geom fromto="0 0 0 0 0 -0.8"/></body></worldbody></mujoco>"""
+TENDON = """<mujoco model="double pendulum with a tendon"><compiler angle="radian"/>
+<option timestep="{dt}" integrator="RK4"><flag contact="disable"/></option>
+<default><geom type="capsule" size="0.04" density="1000"/></default>
+<worldbody><body name="upper"><joint name="shoulder" type="hinge" axis="0 1 0"/>
+  <geom fromto="0 0 0 0.5 0 0"/>
+  <body name="lower" pos="0.5 0 0"><joint name="elbow" type="hinge" axis="0 1 0"/>
+   <geom fromto="0 0 0 0.5 0 0"/></body></body></worldbody>
+<tendon><fixed name="sum" limited="true" range="-0.3 1.0"
+  solreflimit="{timeconst} 20" solimplimit="0.9999 0.9999 0.001 0.5 2">
+  <joint joint="shoulder" coef="0.5"/><joint joint="elbow" coef="1"/></fixed>
+</tendon></mujoco>"""
+
+
+def final_reference(xml, timeconst, v0, t1, dt=1e-5):
+    """MuJoCo's qpos at `t1` from qpos0 and `v0`, limits soft at `timeconst`."""
+    m = mujoco.MjModel.from_xml_string(xml.format(dt=dt, timeconst=timeconst))
+    d = mujoco.MjData(m)
+    d.qvel[:] = v0
+    for _ in range(round(t1 / dt)):
+        mujoco.mj_step(m, d)
+    return d.qpos.copy()
+
+
+@pytest.mark.parametrize("xml, v0, rows, impacts", [
+    # A swing out of the plane: the rod hits the cone (rotation angle 0.5) and
+    # leaves it at once (gravity pulls it back).
+    (BALL, [3.0, 1.0, 0.0], [0.5], [[True]]),
+    # From the horizontal: the tendon 0.5 shoulder + elbow reaches its lower end,
+    # then its upper one.
+    (TENDON, [0.0, 0.0], [0.3, 1.0], [[True, False], [False, True]]),
+], ids=["ball-cone", "tendon-range"])
+def test_ball_cone_and_tendon_range_match_mujoco(xml, v0, rows, impacts):
+    t1 = 0.6
+    model = cdiff.models.from_mujoco(xml.format(dt=1e-3, timeconst=0.02))
+    assert model.ignored == ()
+    q0, _ = model.initial_state()
+    np.testing.assert_allclose(np.asarray(model.unilateral(0.0, q0)), rows, rtol=1e-12)
+    sol = jax.jit(lambda: cdiff.simulate(model, cdiff.UdwadiaKalaba(), q0,
+                                         jnp.asarray(v0), t1=t1, dt=1e-3))()
+    assert sol.result == cdiff.RESULTS.successful
+    events = sol.stats["events"]
+    assert np.asarray(events.rows[:int(events.count)]).tolist() == impacts
+    assert float(sol.max_penetration) < 1e-10
+    stiff = final_reference(xml, 4e-5, v0, t1)
+    soft = final_reference(xml, 2e-4, v0, t1)
+    # Within the reference's own error (and round-off, where the two agree).
+    own = np.abs(stiff - soft) + 1e-12
+    assert np.all(np.abs(np.asarray(sol.q[-1]) - stiff) <= own), (sol.q[-1], stiff, soft)

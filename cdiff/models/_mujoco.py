@@ -120,6 +120,18 @@ def _vee(omega_hat):
     return jnp.stack([a[2, 1], a[0, 2], a[1, 0]])
 
 
+def _rotation_angle(quat):
+    r"""The angle $\theta = 2\,\mathrm{atan2}(\|x\|, |w|) \in [0, \pi]$ of the
+    rotations `quat` ($w, x$; any norm; leading axes), as MuJoCo's ball-joint limit
+    (`mju_quat2Vel`). Its derivative at $\theta = 0$ (a cone's tip) is taken as
+    zero."""
+    xyz = quat[..., 1:]
+    ss = jnp.sum(xyz * xyz, axis=-1)
+    positive = ss > 0
+    s = jnp.where(positive, jnp.sqrt(jnp.where(positive, ss, 1.0)), 0.0)
+    return 2 * jnp.arctan2(s, jnp.abs(quat[..., 0]))
+
+
 @jax.jit
 def _mjx_stages(m, q, v):
     """MJX's stages at `(q, v)`: `kinematics`, `com_pos`, `tendon`,
@@ -199,15 +211,16 @@ class MuJoCoModel(AbstractModel):
     model = cdiff.models.from_mujoco("disk.xml", cls=RollingDisk)
     ```
 
-    **Joint limits** of hinge and slide joints are unilateral rows
-    (`unilateral(t, q)`: $q_j - \ell_j \ge 0$ and $u_j - q_j \ge 0$ per limited
-    joint, from `jnt_range`), enforced exactly by [`cdiff.simulate`][] with
-    plastic impacts (`restitution` 0; MuJoCo's soft limits tend to that as
-    `solreflimit` goes to zero). MuJoCo's `margin` is not used.
+    **Joint and tendon limits** are unilateral rows (`unilateral(t, q)`: two per
+    limited hinge or slide joint, $q_j - \ell_j \ge 0$ and $u_j - q_j \ge 0$; one
+    per limited ball joint, the cone $u_j - \theta_j \ge 0$ on its rotation
+    angle; two per limited tendon, on its length), enforced exactly by
+    [`cdiff.simulate`][] with plastic impacts (`restitution` 0; MuJoCo's soft
+    limits tend to that as `solreflimit` goes to zero with heavy damping).
+    MuJoCo's `margin` is not used.
 
     Not simulated (from_mujoco warns and lists them in `ignored`): contacts,
-    ball-joint and tendon limits, friction loss, control and force ranges,
-    inactive equalities.
+    friction loss, control and force ranges, inactive equalities.
     """
 
     mjx_model: Any
@@ -230,8 +243,11 @@ class MuJoCoModel(AbstractModel):
     _gravity: bool = eqx.field(static=True)
     _gravcomp: bool = eqx.field(static=True)
     _passive: bool = eqx.field(static=True)
-    # (joint index, qpos address) of each limited hinge or slide joint.
+    # (joint index, qpos address) of each limited hinge or slide joint; of each
+    # limited ball joint; the index of each limited tendon.
     _limits: tuple[tuple[int, int], ...] = eqx.field(static=True)
+    _ball_limits: tuple[tuple[int, int], ...] = eqx.field(static=True, default=())
+    _tendon_limits: tuple[int, ...] = eqx.field(static=True, default=())
 
     def __repr__(self) -> str:
         """A summary: the fields (MJX's model, hundreds of arrays) would fill a
@@ -338,14 +354,29 @@ class MuJoCoModel(AbstractModel):
         return _impl(d).actuator_moment.T * gain
 
     def unilateral(self, t, q):
-        r"""The joint limits of limited hinge and slide joints, two rows per joint
-        (lower, upper): $q_j - \ell_j \ge 0$, $u_j - q_j \ge 0$."""
-        if not self._limits:
-            return jnp.zeros((0,), dtype=q.dtype)
-        joint, adr = (np.array(x) for x in zip(*self._limits))
-        lo, hi = (self.mjx_model.jnt_range[joint, i].astype(q.dtype) for i in (0, 1))
-        x = q[adr]
-        return jnp.stack([x - lo, hi - x], axis=1).reshape(-1)
+        r"""The limits, as MuJoCo's: of each limited hinge and slide joint two rows
+        (lower, upper), $q_j - \ell_j \ge 0$ and $u_j - q_j \ge 0$; of each
+        limited ball joint one, its cone $u_j - \theta_j \ge 0$ with $\theta_j$
+        the angle of its rotation from the reference (as MuJoCo's `mju_quat2Vel`);
+        of each limited tendon two, $L_k - \ell_k \ge 0$ and $u_k - L_k \ge 0$
+        on its length. In that order."""
+        m = self.mjx_model
+        rows = [jnp.zeros((0,), dtype=q.dtype)]
+        if self._limits:
+            joint, adr = (np.array(x) for x in zip(*self._limits))
+            lo, hi = (m.jnt_range[joint, i].astype(q.dtype) for i in (0, 1))
+            x = q[adr]
+            rows.append(jnp.stack([x - lo, hi - x], axis=1).reshape(-1))
+        if self._ball_limits:
+            joint, adr = (np.array(x) for x in zip(*self._ball_limits))
+            quat = q[adr[:, None] + np.arange(4)]
+            rows.append(m.jnt_range[joint, 1].astype(q.dtype) - _rotation_angle(quat))
+        if self._tendon_limits:
+            tendon = np.array(self._tendon_limits)
+            length = self._data(q).ten_length[tendon]
+            lo, hi = (m.tendon_range[tendon, i].astype(q.dtype) for i in (0, 1))
+            rows.append(jnp.stack([length - lo, hi - length], axis=1).reshape(-1))
+        return jnp.concatenate(rows)
 
     def holonomic(self, t, q):
         """The active equality constraints' residuals (MuJoCo's `efc_pos` rows of
@@ -1173,10 +1204,6 @@ def _check(mujoco, m) -> tuple[list[str], list[str]]:
     constraints = not flags & dis.mjDSBL_CONSTRAINT
     if constraints and not flags & dis.mjDSBL_CONTACT:
         ignore("contacts", _contact_pairs(mujoco, m, label["geom"]))
-    if constraints and not flags & dis.mjDSBL_LIMIT:
-        ignore("ball-joint limits", listed("joint", m.jnt_limited.astype(bool)
-                                           & (m.jnt_type == _BALL)))
-        ignore("tendon limits", listed("tendon", m.tendon_limited.astype(bool)))
     if constraints and not flags & dis.mjDSBL_FRICTIONLOSS:
         ignore("friction loss", listed("joint", m.dof_jntid[m.dof_frictionloss > 0])
                + listed("tendon", m.tendon_frictionloss > 0))
@@ -1229,8 +1256,8 @@ def from_mujoco(source, *, cls: type[MuJoCoModel] = MuJoCoModel,
     equality constraints other than connect, weld, joint and tendon, ...), each
     named. Warns (one `UserWarning` listing them by name) about what MuJoCo
     simulates as inequality constraints or clamping and cdiff does not: contacts,
-    ball-joint and tendon limits, friction loss, control and force ranges. Limits
-    of hinge and slide joints are the model's unilateral rows.
+    friction loss, control and force ranges. Joint limits (hinge, slide, ball) and
+    tendon limits are the model's unilateral rows.
     """
     if not (isinstance(cls, type) and issubclass(cls, MuJoCoModel)):
         raise TypeError(f"cls must be a subclass of MuJoCoModel, got {cls!r}")
@@ -1293,4 +1320,9 @@ def from_mujoco(source, *, cls: type[MuJoCoModel] = MuJoCoModel,
         _limits=tuple((int(j), int(m.jnt_qposadr[j])) for j in range(m.njnt)
                       if m.jnt_limited[j] and m.jnt_type[j] in (_SLIDE, _HINGE)
                       and limits_on),
+        _ball_limits=tuple((int(j), int(m.jnt_qposadr[j])) for j in range(m.njnt)
+                           if m.jnt_limited[j] and m.jnt_type[j] == _BALL
+                           and limits_on),
+        _tendon_limits=tuple(int(k) for k in range(m.ntendon)
+                             if m.tendon_limited[k] and limits_on),
     )
