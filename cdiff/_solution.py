@@ -220,8 +220,8 @@ class Solution(eqx.Module):
     def unilateral_multipliers(self) -> Float[Array, "*batch T r"]:
         r"""The multipliers of the unilateral rows at the saved states, shape
         `(T, r)`: the force with which each held row pushes (Aghili's condition
-        $\lambda_i \ge 0$; a row whose multiplier would pull is released at the
-        end of the step), zero where a row is not held. Empty without unilateral
+        $\lambda_i \ge 0$; a row is released where its multiplier reaches zero),
+        zero where a row is not held. Empty without unilateral
         rows."""
         m = self.holonomic_residual.shape[-1]
         r = 0 if self.active is None else self.active.shape[-1]

@@ -4,13 +4,16 @@ impacts, and the active set.
 Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
 (`equinox.internal.while_loop`, reverse-mode differentiable):
 
-1. **Release.** At the end of a step and before a sub-step after an event, an
-   active row whose multiplier would pull ($\lambda_i < 0$, Aghili's condition
-   that a unilateral constraint holds only while its force pushes) is released.
+1. **Release.** A held row whose multiplier changes sign within a sub-step
+   ($\lambda_i < 0$ would pull: Aghili's condition that a unilateral constraint
+   holds only while its force pushes) is an event like a crossing, located as the
+   root of $\lambda_i$ and released there; the motion is smooth across it (the
+   force is zero), so no correction follows. A held row that pulls at the start
+   of a sub-step after an event, or at the end of a step, is released there.
 2. **Detection.** An RK4 step to $t_b$ with the active rows held as equalities; an
    inactive row that ends below zero, and lower than it started, is crossed.
 3. **Location.** The crossing time is the root of $m(t) = \min_i g_i$ over the
-   inactive rows, with each trial time integrated by RK4 from the sub-step's start
+   inactive rows (with the held rows' multipliers), with each trial time integrated by RK4 from the sub-step's start
    (Illinois' regula falsi, to round-off in $g$). The state at the root is
    corrected to first order, $t^* = t - m/\dot m$, with $t$ held constant under
    differentiation: the event time's derivative is the implicit function
@@ -122,6 +125,13 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         g = model.unilateral(t, q)
         return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
+    def pulls(t, y, active, e0):
+        """The held rows' multipliers at `(t, y)` (inf where not held)."""
+        prob = _with(problem, active, e0)
+        frozen = prob.freeze(t, t + dt_rest, y)
+        lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
+        return jnp.where(active, lam[m_base:m_base + r], jnp.inf)
+
     def release(t, y, active, e0, keep):
         """`(active, y)`: `active` less the rows whose multiplier would pull at
         `(t, y)`, except where `keep`, and the state restarted with those rows."""
@@ -156,9 +166,20 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, c.y)
         q_try, v_try = prob.coordinates(t_try, y_try)
         m_start, _ = gap(c.t, c.y[0], active)
-        m_try, g_try = gap(t_try, q_try, active)
+        m_gap, g_try = gap(t_try, q_try, active)
+        # The held rows' multipliers: a sign change is a release inside the step.
+        # (At the sub-step's start they push: rows that would pull were released.)
+        lam_try = jax.lax.cond(eqxi.unvmap_any(jnp.any(active)),
+                               lambda: pulls(t_try, y_try, active, c.e0),
+                               lambda: jnp.full(r, jnp.inf, dtype))
+        m_lam = jax.lax.stop_gradient(jnp.min(lam_try, initial=jnp.inf))
+        releasing = m_lam < m_gap
+        m_try = jnp.minimum(m_gap, m_lam)
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q_try)))
-        tol = 8 * eps * scale
+        # (Relative to the bracket's values for multipliers, which have units of
+        # force.)
+        tol = 8 * eps * jnp.maximum(scale, jnp.where(
+            releasing, jnp.abs(c.m_lo) + jnp.abs(c.m_hi), 0.0))
         crossed = (m_try < 0) & (m_try < jnp.minimum(m_start, 0.0))
         # Free sub-step: accepted unless a row was crossed, which opens a bracket.
         start_locating = ~c.locating & crossed
@@ -175,7 +196,10 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
             _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
             mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
-            delta = -(m_try - jax.lax.stop_gradient(m_try)) / mdot
+            # (None at a release: the constraint force is zero there, so the motion
+            # is smooth across it.)
+            delta = jnp.where(releasing, 0.0,
+                              -(m_gap - jax.lax.stop_gradient(m_gap)) / mdot)
             # (delta is zero in value: the rates at the trial matter only for the
             # derivative.)
             frozen = prob.freeze(t_try, t_try + dt_rest, y_try)
@@ -206,16 +230,19 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
             e_after = model.energy(t_e, q_e, out.v)
             e_after = c.e0 if e_after is None else jnp.asarray(e_after, dtype)
-            events = c.events.add(event, t_e, q_e, v_e, out.v, out.impulse, out.rows,
-                                  rest & out.rows)
-            y_after = _with(problem, active | contact, c.e0).restart(t_e, q_e, out.v)
-            return (t_e, y_after, contact, e_after, events)
+            events = c.events.add(event & jnp.any(hit), t_e, q_e, v_e, out.v,
+                                  out.impulse, out.rows, rest & out.rows)
+            # A release: the held rows whose multiplier reached zero.
+            released = releasing & active & (lam_try <= tol)
+            held = (active & ~released) | contact
+            y_after = _with(problem, held, c.e0).restart(t_e, q_e, out.v)
+            return (t_e, y_after, held, e_after, events)
 
         def no_event(_):
-            return (t_try, y_try, jnp.zeros_like(active), c.e0, c.events)
+            return (t_try, y_try, active, c.e0, c.events)
 
         # Computed only where some trajectory of the batch has an event.
-        t_e, y_e, contact, e_after, events = jax.lax.cond(
+        t_e, y_e, held, e_after, events = jax.lax.cond(
             eqxi.unvmap_any(event), at_event, no_event, None)
 
         accept_free = ~c.locating & ~crossed
@@ -223,11 +250,14 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         y_new = jax.tree.map(
             lambda ev, fr, old: jnp.where(event, ev, jnp.where(accept_free, fr, old)),
             y_e, y_try, c.y)
-        active_new = jnp.where(event, active | contact, active)
+        active_new = jnp.where(event, held, active)
         # Bracket: opened on a crossing, narrowed while locating.
         lo = jnp.where(start_locating, c.t, jnp.where(feasible, t_try, c.lo))
         hi = jnp.where(start_locating, tb, jnp.where(feasible, c.hi, t_try))
-        m_lo = jnp.where(start_locating, jnp.maximum(m_start, 0.0),
+        # (A release's multipliers at the sub-step's start are not at hand: 0 makes
+        # the first trial the start, whose value then enters the bracket.)
+        m_lo = jnp.where(start_locating, jnp.where(releasing, 0.0,
+                                                   jnp.maximum(m_start, 0.0)),
                          jnp.where(feasible, m_try,
                                    jnp.where(c.side == -1, c.m_lo / 2, c.m_lo)))
         m_hi = jnp.where(start_locating, m_try,
