@@ -231,9 +231,10 @@ def check_save_times(saveat, t0, t1) -> None:
 def check_unilateral(model, formulation, solver, stepsize_controller, saveat, adjoint,
                      control, t0, q0) -> int:
     """The number of unilateral rows of `model`; where it has any, checked that the
-    solve can enforce them: an acceleration-level ODE formulation whose state is
-    `(q, v)`, cdiff's RK4 with a constant step and the default adjoint, and a
-    `SaveAt` of `t0`, `t1` and/or `steps` (no save times yet)."""
+    solve can enforce them: an ODE formulation (UdwadiaKalaba, Lagrange,
+    Projection, NullSpace, Regularized), cdiff's RK4 with a constant step and the
+    default adjoint, and a `SaveAt` of `t0`, `t1` and/or `steps` (no save times
+    yet)."""
     r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
     if len(r) != 1:
         raise ValueError(f"{type(model).__name__}.unilateral(t, q) must return a "

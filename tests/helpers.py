@@ -164,6 +164,27 @@ def slider_crank_theta_ddot(theta, omega, g_over_l=9.81):
              + g_over_l * np.cos(theta)) / inertia
 
 
+def restitution_events(rhs, hit, y0, e, t1, impacts):
+    """Impact times and rates of a one-coordinate ODE `rhs(t, y)`, y = (x, xdot),
+    whose row `hit(t, y)` reaches zero from above: DOP853 at rtol = atol = 1e-13
+    with SciPy's event location, the rate reversed and scaled by `e` at each
+    impact (Newton's law in one coordinate). Rows `(t, xdot before)`."""
+    from scipy.integrate import solve_ivp
+
+    def event(t, y):
+        return hit(t, y)
+
+    event.terminal, event.direction = True, -1
+    t, y, out = 0.0, list(y0), []
+    while len(out) < impacts:
+        sol = solve_ivp(rhs, (t, t1), y, method="DOP853", rtol=1e-13, atol=1e-13,
+                        events=event)
+        t, y = sol.t_events[0][0], sol.y_events[0][0]
+        out.append((t, y[1]))
+        y = [y[0], -e * y[1]]
+    return np.array(out)
+
+
 def slider_crank_exact_scipy(ts, theta0=np.pi / 4, omega0=0.0, g_over_l=9.81):
     """(theta1, omega1) of R2 at `ts` by scipy's DOP853 at rtol = atol = 1e-13 on
     `slider_crank_theta_ddot` (independent of cdiff's reference solve)."""

@@ -11,9 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from scipy.integrate import solve_ivp
 
 import cdiff
+from helpers import restitution_events
 
 GRAVITY = 9.81
 FORMULATIONS = {"udwadia-kalaba": cdiff.UdwadiaKalaba(),
@@ -157,23 +157,11 @@ class PendulumAgainstWall(cdiff.AbstractModel):
 
 
 def wall_reference(theta0, l, a, e, t1, impacts):
-    """Impact times and angular speeds of the angle ODE (DOP853, 1e-13, SciPy's
-    event location), the angular velocity reversed by e at each."""
-    def rhs(t, y):
-        return [y[1], -GRAVITY / l * np.sin(y[0])]
-
-    def wall(t, y):
-        return np.sin(y[0]) + a / l
-
-    wall.terminal, wall.direction = True, -1
-    t, y, out = 0.0, [theta0, 0.0], []
-    while len(out) < impacts:
-        sol = solve_ivp(rhs, (t, t1), y, method="DOP853", rtol=1e-13, atol=1e-13,
-                        events=wall)
-        t, y = sol.t_events[0][0], sol.y_events[0][0]
-        out.append((t, y[1]))
-        y = [y[0], -e * y[1]]
-    return np.array(out)
+    """Impact times and angular speeds of the angle ODE (SciPy's event location,
+    `restitution_events`)."""
+    return restitution_events(lambda t, y: [y[1], -GRAVITY / l * np.sin(y[0])],
+                              lambda t, y: np.sin(y[0]) + a / l, [theta0, 0.0], e, t1,
+                              impacts)
 
 
 @pytest.fixture(scope="module")

@@ -25,18 +25,24 @@ XML = """<mujoco model="limited double pendulum"><compiler angle="radian"/>
 T = 0.3
 
 
-def mujoco_reference(timeconst, dt=1e-5):
-    """MuJoCo's state at T: a soft limit of time constant `timeconst`, damping ratio
-    20 and impedance 0.9999 (heavily damped: towards a plastic stop as the time
-    constant goes to zero; MuJoCo's default damping ratio 1 leaves the limit with
-    a rebound instead)."""
-    m = mujoco.MjModel.from_xml_string(XML.format(dt=dt, timeconst=timeconst))
+def mujoco_qpos(xml, timeconst, times, qvel=None, dt=1e-5):
+    """MuJoCo's qpos at `times` from qpos0 and `qvel`, with the limits (and any
+    equality) soft at time constant `timeconst` (RK4 at `dt`), and the smallest qpos
+    it passed through. The MJCF strings below give the limits damping ratio 20 and
+    impedance 0.9999: heavily damped, towards a plastic stop as the time constant
+    goes to zero (MuJoCo's default damping ratio 1 leaves a limit with a rebound
+    instead)."""
+    m = mujoco.MjModel.from_xml_string(xml.format(dt=dt, timeconst=timeconst))
     d = mujoco.MjData(m)
-    lowest = np.inf
-    for _ in range(round(T / dt)):
-        mujoco.mj_step(m, d)
-        lowest = min(lowest, d.qpos[1])
-    return d.qpos.copy(), lowest
+    if qvel is not None:
+        d.qvel[:] = qvel
+    out, lowest = [], np.full(m.nq, np.inf)
+    for t_end in times:
+        while d.time < t_end - dt / 2:
+            mujoco.mj_step(m, d)
+            lowest = np.minimum(lowest, d.qpos)
+        out.append(d.qpos.copy())
+    return out, lowest
 
 
 def test_double_pendulum_on_its_elbow_limit_matches_mujoco():
@@ -51,20 +57,20 @@ def test_double_pendulum_on_its_elbow_limit_matches_mujoco():
     q = np.asarray(sol.q)
     # Exact limit: no saved state or event state beyond it.
     assert q[:, 1].min() >= -0.6 - 1e-10 and float(sol.max_penetration) < 1e-10
-    # After the plastic impact the elbow swings back off its limit (the limit would
-    # pull at the step's end, so it is released there): no saved row holds it, and
-    # the lower row's value grows from zero.
+    # After the plastic impact the elbow swings back off its limit (its multiplier
+    # would pull at once, so it is released at the impact): no saved row holds it,
+    # and the lower row's value grows from zero.
     assert not np.asarray(sol.active).any()
     g = np.asarray(sol.unilateral[:, 0])
     after = np.asarray(sol.ts) > float(events.t[0])
     assert 0 <= g[after][0] < 1e-4 and np.all(np.diff(g[after][:20]) > 0)
     assert abs(float(events.q[0, 1]) + 0.6) < 1e-12
-    stiff, stiff_low = mujoco_reference(4e-5)
-    soft, _ = mujoco_reference(2e-4)
+    (stiff,), stiff_low = mujoco_qpos(XML, 4e-5, [T])
+    (soft,), _ = mujoco_qpos(XML, 2e-4, [T])
     # The reference's own error: the difference between its two stiffnesses.
     own = np.abs(stiff - soft)
     assert np.all(np.abs(q[-1] - stiff) <= own), (q[-1], stiff, soft)
-    assert stiff_low < -0.6  # the soft limit is penetrated
+    assert stiff_low[1] < -0.6  # the soft limit is penetrated
 
 
 FOUR_BAR = """<mujoco model="four-bar with a stop"><compiler angle="radian"/>
@@ -85,20 +91,6 @@ V0 = np.array([0.5, -0.5, 1 / 3])  # on the loop's velocity constraint at q = 0
 T_BEFORE, T_END = 0.45, 0.8
 
 
-def four_bar_reference(timeconst, dt=1e-5):
-    """MuJoCo's states at T_BEFORE and T_END, with the limit and the loop's pin both
-    soft at time constant `timeconst` (the limit heavily damped)."""
-    m = mujoco.MjModel.from_xml_string(FOUR_BAR.format(dt=dt, timeconst=timeconst))
-    d = mujoco.MjData(m)
-    d.qvel[:] = V0
-    out = []
-    for t_end in (T_BEFORE, T_END):
-        while d.time < t_end - dt / 2:
-            mujoco.mj_step(m, d)
-        out.append(d.qpos.copy())
-    return out
-
-
 def test_four_bar_on_its_crank_limit_matches_mujoco():
     """The crank swings up onto its upper limit (0.35 rad), where gravity holds it:
     before the impact and at rest on the limit, cdiff's state lies within the
@@ -117,8 +109,8 @@ def test_four_bar_on_its_crank_limit_matches_mujoco():
     assert float(sol.max_constraint_error) < 1e-12
     ts = np.asarray(sol.ts)
     before, end = (int(np.argmin(np.abs(ts - t))) for t in (T_BEFORE, T_END))
-    stiff = four_bar_reference(4e-5)
-    soft = four_bar_reference(2e-4)
+    stiff, _ = mujoco_qpos(FOUR_BAR, 4e-5, (T_BEFORE, T_END), V0)
+    soft, _ = mujoco_qpos(FOUR_BAR, 2e-4, (T_BEFORE, T_END), V0)
     for i, a, b in zip((before, end), stiff, soft):
         own = np.abs(a - b)
         assert np.all(np.abs(np.asarray(sol.q[i]) - a) <= own), (sol.q[i], a, b)
@@ -147,16 +139,6 @@ TENDON = """<mujoco model="double pendulum with a tendon"><compiler angle="radia
 </tendon></mujoco>"""
 
 
-def final_reference(xml, timeconst, v0, t1, dt=1e-5):
-    """MuJoCo's qpos at `t1` from qpos0 and `v0`, limits soft at `timeconst`."""
-    m = mujoco.MjModel.from_xml_string(xml.format(dt=dt, timeconst=timeconst))
-    d = mujoco.MjData(m)
-    d.qvel[:] = v0
-    for _ in range(round(t1 / dt)):
-        mujoco.mj_step(m, d)
-    return d.qpos.copy()
-
-
 @pytest.mark.parametrize("xml, v0, rows, impacts", [
     # A swing out of the plane: the rod hits the cone (rotation angle 0.5) and
     # leaves it at once (gravity pulls it back).
@@ -177,8 +159,8 @@ def test_ball_cone_and_tendon_range_match_mujoco(xml, v0, rows, impacts):
     events = sol.stats["events"]
     assert np.asarray(events.rows[:int(events.count)]).tolist() == impacts
     assert float(sol.max_penetration) < 1e-10
-    stiff = final_reference(xml, 4e-5, v0, t1)
-    soft = final_reference(xml, 2e-4, v0, t1)
+    (stiff,), _ = mujoco_qpos(xml, 4e-5, [t1], v0)
+    (soft,), _ = mujoco_qpos(xml, 2e-4, [t1], v0)
     # Within the reference's own error (and round-off, where the two agree).
     own = np.abs(stiff - soft) + 1e-12
     assert np.all(np.abs(np.asarray(sol.q[-1]) - stiff) <= own), (sol.q[-1], stiff, soft)

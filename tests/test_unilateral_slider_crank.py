@@ -6,9 +6,9 @@ against the static equilibrium."""
 import jax
 import jax.numpy as jnp
 import numpy as np
-from scipy.integrate import solve_ivp
 
 import cdiff
+from helpers import restitution_events, slider_crank_theta_ddot
 
 GRAVITY, STOP, E = 9.81, 0.8, 0.5
 
@@ -24,26 +24,13 @@ class StoppedSliderCrank(cdiff.models.SliderCrank):
 
 
 def reference(t1, impacts):
-    """Impact times and crank rates of eq. 24 from the crank at 45 degrees, at rest
-    (DOP853 at 1e-13, SciPy's event location on x_s = 2 cos(theta) = STOP). With
-    one degree of freedom, Newton's law reverses the crank rate, scaled by e."""
-    def rhs(t, y):
-        th, om = y
-        return [om, -3 / (5 - 3 * np.cos(2 * th))
-                * (np.sin(2 * th) * om**2 + GRAVITY * np.cos(th))]
-
-    def hit(t, y):
-        return 2 * np.cos(y[0]) - STOP
-
-    hit.terminal, hit.direction = True, -1
-    t, y, out = 0.0, [np.pi / 4, 0.0], []
-    while len(out) < impacts:
-        sol = solve_ivp(rhs, (t, t1), y, method="DOP853", rtol=1e-13, atol=1e-13,
-                        events=hit)
-        t, y = sol.t_events[0][0], sol.y_events[0][0]
-        out.append((t, y[1]))
-        y = [y[0], -E * y[1]]
-    return np.array(out)
+    """Impact times and crank rates of eq. 24 (`slider_crank_theta_ddot`) from the
+    crank at 45 degrees, at rest, with SciPy's event location on x_s = 2 cos(theta)
+    = STOP. With one degree of freedom, Newton's law reverses the crank rate,
+    scaled by e."""
+    return restitution_events(
+        lambda t, y: [y[1], slider_crank_theta_ddot(y[0], y[1], GRAVITY)],
+        lambda t, y: 2 * np.cos(y[0]) - STOP, [np.pi / 4, 0.0], E, t1, impacts)
 
 
 def test_slider_crank_against_a_stop_matches_its_angle_equation():

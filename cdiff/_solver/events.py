@@ -13,8 +13,9 @@ Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
 2. **Detection.** An RK4 step to $t_b$ with the active rows held as equalities; an
    inactive row that ends below zero, and lower than it started, is crossed.
 3. **Location.** The crossing time is the root of $m(t) = \min_i g_i$ over the
-   inactive rows (with the held rows' multipliers), with each trial time integrated by RK4 from the sub-step's start
-   (Illinois' regula falsi, to round-off in $g$). The state at the root is
+   inactive rows (with the held rows' multipliers), with each trial time
+   integrated by RK4 from the sub-step's start (Illinois' regula falsi, to
+   round-off in $g$). The state at the root is
    corrected to first order, $t^* = t - m/\dot m$, with $t$ held constant under
    differentiation: the event time's derivative is the implicit function
    theorem's, $dt^*/dp = -(\partial m/\partial p)/\dot m$.
@@ -103,6 +104,9 @@ class _Carry(NamedTuple):
     done: Bool[Array, ""]
     events: Events
     substeps: Array
+    # The held rows' multipliers at the last accepted sub-step's end (inf: not
+    # held); only their signs are read.
+    lam: Float[Array, " r"]
 
 
 def _with(problem: Problem, active, e0) -> Problem:
@@ -132,15 +136,12 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
         return jnp.where(active, lam[m_base:m_base + r], jnp.inf)
 
-    def release(t, y, active, e0, keep):
-        """`(active, y)`: `active` less the rows whose multiplier would pull at
-        `(t, y)`, except where `keep`, and the state restarted with those rows."""
+    def release(t, y, active, e0, lam):
+        """`(active, y)`: `active` less the rows whose multiplier `lam` would pull,
+        and the state restarted with the rows left."""
+        active = active & ~(lam < 0)
         prob = _with(problem, active, e0)
-        frozen = prob.freeze(t, t + dt_rest, y)
-        lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
-        pulls = lam[m_base:m_base + r] < 0
-        active = active & ~(pulls & ~keep)
-        return active, _with(problem, active, e0).restart(t, *prob.coordinates(t, y))
+        return active, prob.restart(t, *prob.coordinates(t, y))
 
     def body(c: _Carry) -> _Carry:
         # (The step's first sub-step starts from the previous step's end, where the
@@ -148,7 +149,8 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         check = jnp.any(c.active) & ~c.locating & (c.substeps > 0)
         active, y = jax.lax.cond(
             eqxi.unvmap_any(check),
-            lambda c: release(c.t, c.y, c.active, c.e0, ~check),
+            lambda c: release(c.t, c.y, c.active, c.e0, jnp.where(
+                check, pulls(c.t, c.y, c.active, c.e0), jnp.inf)),
             lambda c: (c.active, c.y), c)
         c = c._replace(y=y)
         prob = _with(problem, active, c.e0)
@@ -278,21 +280,23 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             trials=jnp.where(locating & ~start_locating, c.trials + 1, 0),
             done=accept_free,
             events=events,
-            substeps=c.substeps + 1)
+            substeps=c.substeps + 1,
+            lam=jax.lax.stop_gradient(jnp.where(accept_free, lam_try, c.lam)))
 
     zero = jnp.zeros((), dtype)
     step_events = Events.empty(*problem.coordinates(ta, y), r, _STEP_EVENTS)
     init = _Carry(ta, y, active, e0, jnp.asarray(False), zero, zero, zero, zero,
                   jnp.asarray(0), jnp.asarray(0), jnp.asarray(False), step_events,
-                  jnp.asarray(0))
+                  jnp.asarray(0), jnp.full(r, jnp.inf, dtype))
     final = eqxi.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body, init,
                             max_steps=MAX_SUBSTEPS, kind="checkpointed")
-    # The release at the step's end, so that the active set saved with the state
-    # holds only rows that push.
-    check = jnp.any(final.active) & final.done
+    # A held row that pulls at the step's end (round-off the monitor let pass) is
+    # released there, so that the active set saved with the state holds only rows
+    # that push. Its multipliers are the last accepted sub-step's.
+    lam = jnp.where(final.done, final.lam, jnp.inf)
     active, y = jax.lax.cond(
-        eqxi.unvmap_any(check),
-        lambda: release(final.t, final.y, final.active, final.e0, ~check),
+        eqxi.unvmap_any(jnp.any(final.active & (lam < 0))),
+        lambda: release(final.t, final.y, final.active, final.e0, lam),
         lambda: (final.active, final.y))
 
     # The step's events appended to the solve's, where some trajectory had one.
