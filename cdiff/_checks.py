@@ -25,6 +25,8 @@ from ._results import is_concrete
 from ._routes import constant_steps
 from ._solution import plain_saveat
 from ._solver.bdf import BDF
+from ._solver.events import start_tolerance
+from ._solver.projected import Projected
 from ._solver.rk4 import RK4
 
 
@@ -232,8 +234,8 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
                      control, t0, q0) -> int:
     """The number of unilateral rows of `model`; where it has any, checked that the
     solve can enforce them: an ODE formulation (UdwadiaKalaba, Lagrange,
-    Projection, NullSpace, Regularized), cdiff's RK4 with a constant step and the
-    default adjoint, and a `SaveAt` of `t0`, `t1` and/or `steps` (no save times
+    Projection, NullSpace, Regularized), cdiff's RK4 (or `Projected` RK4) with a
+    constant step and the default adjoint, and a `SaveAt` of `t0`, `t1` and/or `steps` (no save times
     yet)."""
     r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
     if len(r) != 1:
@@ -253,9 +255,10 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
                            "Regularized)")
     if control is not None and isinstance(control, AbstractStatefulController):
         unsupported.append("a stateful controller")
-    if type(solver) is not RK4 or not solver.fast_paths:
-        unsupported.append(f"the solver {type(solver).__name__} (supported: "
-                           "cdiff.RK4())")
+    inner = solver.solver if type(solver) is Projected else solver
+    if type(inner) is not RK4 or not inner.fast_paths:
+        unsupported.append(f"the solver {_solver_name(solver)} (supported: "
+                           "cdiff.RK4(), cdiff.Projected(cdiff.RK4(), projection))")
     if not isinstance(stepsize_controller, diffrax.ConstantStepSize):
         unsupported.append("an adaptive step size")
     if adjoint is not None:
@@ -268,7 +271,22 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
             f"cdiff.simulate: {name} has {r[0]} unilateral row(s) (unilateral(t, "
             "q)), whose events and impacts cdiff integrates with cdiff.RK4 at a "
             "constant step so far; not with " + "; ".join(unsupported) + ".")
+    if is_concrete(model, t0, q0):
+        g = np.asarray(model.unilateral(jnp.asarray(t0, q0.dtype), q0))
+        rows = np.flatnonzero(g < -start_tolerance(q0))
+        if rows.size:
+            raise ValueError(
+                f"cdiff.simulate: the initial state violates {name}'s unilateral "
+                f"row(s) {rows.tolist()}: g(t0, q0) = {g[rows].tolist()}, which must "
+                "be >= 0 (a row at contact starts at 0).")
     return r[0]
+
+
+def _solver_name(solver) -> str:
+    """`Outer(Inner)` for a stack of wrapped solvers."""
+    if isinstance(solver, diffrax.AbstractWrappedSolver):
+        return f"{type(solver).__name__}({_solver_name(solver.solver)})"
+    return type(solver).__name__
 
 
 def check_combination(model, formulation, control, q0, v0, t0) -> None:

@@ -45,6 +45,11 @@ class RESULTS(diffrax.RESULTS):
         "hit and released over and over within one step (chattering). Take a "
         "smaller dt."
     )
+    penetrating_start = (
+        "cdiff.simulate: the initial state violates a unilateral row: g(t0, q0) < 0 "
+        "beyond round-off (sqrt(eps) times the size of q0). Start on the allowed "
+        "side of every row, or at contact (g = 0)."
+    )
     inconsistent_constraints = (
         "cdiff.simulate: the holonomic constraints are inconsistent: no "
         "configuration satisfies them all (the solve ended at a nonzero "

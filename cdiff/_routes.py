@@ -21,6 +21,7 @@ from ._solver.bdf import BDF, bdf_route
 from ._solver.events import event_rk4_route
 from ._solver.frozen import diffrax_route
 from ._solver.grid import UniformGrid
+from ._solver.projected import Projected
 from ._solver.rk4 import CHECKPOINT_EVERY_STEP, RK4, SavePlan, blocks_of, rk4_route, save_plan
 
 
@@ -91,13 +92,14 @@ class EventRK4Route(AbstractRoute):
     save: tuple[bool, bool, bool]  # t0, t1, steps
     rows: int
     throw: bool
+    projection: Any = None  # of cdiff.Projected(cdiff.RK4(), projection)
 
     def __call__(self, problem: Problem):
         grid = UniformGrid.build(problem.t0, problem.t1, problem.dt, self.rows + 1)
         trajectory = event_rk4_route(
             problem, grid.ts, steps=self.steps, save_t0=self.save[0],
             save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
-            throw=self.throw)
+            throw=self.throw, projection=self.projection)
         return dataclasses.replace(trajectory, dt=grid.step, dt_taken=grid.step)
 
 
@@ -240,9 +242,10 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
     `diffrax.diffeqsolve`."""
     if unilateral:
         sub = plain_saveat(saveat)
+        projection = solver.projection if isinstance(solver, Projected) else None
         return EventRK4Route(constant_steps(*times), (bool(sub.t0), bool(sub.t1),
                                                       bool(sub.steps)),
-                             max_steps, throw)
+                             max_steps, throw, projection)
     if isinstance(solver, BDF):
         return _bdf_route(solver, saveat, adjoint, progress, max_steps, throw=throw)
     return _ode_route(solver, stepsize_controller, saveat, adjoint, progress,

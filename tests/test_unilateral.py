@@ -20,6 +20,11 @@ FORMULATIONS = {"udwadia-kalaba": cdiff.UdwadiaKalaba(),
                 "lagrange": cdiff.Lagrange(alpha=10.0, beta=10.0),
                 "projection": cdiff.Projection(),
                 "null-space": cdiff.NullSpace(alpha=10.0, dof=1)}
+# Each formulation with cdiff's RK4; and Aghili's projection formulation with his
+# post-step coordinate projection (eq. 37) after every sub-step.
+RUNS = {name: dict(formulation=f) for name, f in FORMULATIONS.items()} | {
+    "projected": dict(formulation=cdiff.Projection(),
+                      solver=cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection()))}
 
 
 class Ball(cdiff.AbstractModel):
@@ -57,14 +62,14 @@ def ball_runs():
     @jax.jit
     def run(h0, e):
         model = Ball(restitution=e)
-        return {name: cdiff.simulate(model, f, jnp.array([h0]), jnp.array([0.0]),
-                                     t1=2.5, dt=1e-2)
-                for name, f in FORMULATIONS.items()}
+        return {name: cdiff.simulate(model, q0=jnp.array([h0]), v0=jnp.array([0.0]),
+                                     t1=2.5, dt=1e-2, **kw)
+                for name, kw in RUNS.items()}
 
     return run(1.0, 0.5)
 
 
-@pytest.mark.parametrize("name", list(FORMULATIONS))
+@pytest.mark.parametrize("name", list(RUNS))
 def test_bouncing_ball_matches_its_closed_form(ball_runs, name):
     sol = ball_runs[name]
     assert sol.result == cdiff.RESULTS.successful
@@ -172,13 +177,14 @@ def wall_runs():
 
     @jax.jit
     def run(q0):
-        return {name: cdiff.simulate(model, f, q0, jnp.zeros(2), t1=3.0, dt=2e-3)
-                for name, f in FORMULATIONS.items()}
+        return {name: cdiff.simulate(model, q0=q0, v0=jnp.zeros(2), t1=3.0, dt=2e-3,
+                                     **kw)
+                for name, kw in RUNS.items()}
 
     return model, wall_reference(theta0, 1.0, 0.4, 0.6, 3.0, 2), run(q0)
 
 
-@pytest.mark.parametrize("name", list(FORMULATIONS))
+@pytest.mark.parametrize("name", list(RUNS))
 def test_pendulum_against_a_wall_matches_the_angle_ode(wall_runs, name):
     model, reference, runs = wall_runs
     sol = runs[name]
@@ -206,6 +212,11 @@ def test_pendulum_against_a_wall_matches_the_angle_ode(wall_runs, name):
     assert np.abs(q_ev[:, 0] + 0.4).max() < 1e-12
     assert np.abs(np.sum(q_ev**2, axis=1) - 1).max() < 1e-9
     assert float(np.min(np.asarray(sol.q[:, 0]))) > -0.4 - 1e-12
+    if name == "projected":
+        # Every sub-step ends on the circle (and, while the wall is held, on it).
+        assert float(jnp.abs(sol.holonomic_residual).max()) < 1e-14
+        held = np.asarray(sol.active[:, 0])
+        assert np.max(np.abs(np.asarray(sol.q[held, 0]) + 0.4), initial=0) < 1e-14
 
 
 def _ball_height(h0, e, t1=0.8, dt=1e-2, formulation=cdiff.UdwadiaKalaba()):
@@ -295,6 +306,21 @@ def test_unsupported_combinations_are_named(kwargs, match):
     with pytest.raises(ValueError, match=f"unilateral row.*{match}"):
         cdiff.simulate(Ball(), formulation, jnp.array([1.0]), jnp.array([0.0]), t1=0.1,
                        dt=1e-2, **kwargs)
+
+
+def test_a_start_behind_a_row_is_refused():
+    """Before tracing, naming the row; inside jit, as the solve's result."""
+    with pytest.raises(ValueError, match=r"violates Ball's unilateral row\(s\) \[0\]"):
+        cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([-1e-3]),
+                       jnp.array([0.0]), t1=0.1, dt=1e-2)
+    sol = jax.jit(lambda q0: cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), q0,
+                                            jnp.array([0.0]), t1=0.1, dt=1e-2,
+                                            throw=False))(jnp.array([-1e-3]))
+    assert sol.result == cdiff.RESULTS.penetrating_start
+    # At contact within round-off, it starts (and rests there).
+    sol = cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([-1e-12]),
+                         jnp.array([0.0]), t1=0.1, dt=1e-2)
+    assert sol.result == cdiff.RESULTS.successful
 
 
 def test_restitution_outside_its_range_is_refused():

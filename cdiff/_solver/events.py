@@ -89,6 +89,12 @@ class Events(eqx.Module):
                       self.count + when.astype(jnp.int32))
 
 
+def start_tolerance(q0):
+    """How far below zero a unilateral row may start (round-off of a state at
+    contact): sqrt(eps) times the size of `q0`."""
+    return jnp.sqrt(jnp.finfo(q0.dtype).eps) * jnp.maximum(1.0, jnp.max(jnp.abs(q0)))
+
+
 class _Carry(NamedTuple):
     t: Float[Array, ""]
     y: tuple
@@ -114,9 +120,12 @@ def _with(problem: Problem, active, e0) -> Problem:
                        (active, e0))
 
 
-def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest):
+def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest,
+               projection=None):
     """The state at `tb` from `y` at `ta`, with the events between: `(y, active,
-    e0, events, done)`; `done` is False when the sub-steps ran out."""
+    e0, events, done)`; `done` is False when the sub-steps ran out. `projection`
+    (of [`cdiff.Projected`][]) maps every sub-step's end onto the constraints with
+    the rows held there."""
     wrapped: WithUnilateral = problem.context.model
     model = wrapped.model
     m_base = jax.eval_shape(model.holonomic, ta, y[0]).shape[0]
@@ -164,7 +173,9 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         moved = t_try > c.t
         t_step = jnp.where(moved, t_try, tb)
         y_try, _, _ = rk4_step(prob.rate, prob.freeze, prob.end_step, c.t, t_step,
-                                    c.y)
+                               c.y)
+        if projection is not None:
+            y_try = prob.formulation.project(t_step, y_try, prob.context, projection)
         y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, c.y)
         q_try, v_try = prob.coordinates(t_try, y_try)
         m_start, _ = gap(c.t, c.y[0], active)
@@ -314,10 +325,11 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
-                    save_steps: bool, save_t1: bool, rows: int, throw: bool
-                    ) -> Trajectory:
+                    save_steps: bool, save_t1: bool, rows: int, throw: bool,
+                    projection=None) -> Trajectory:
     """Integrate `problem` (whose model is a [`WithUnilateral`][]) on the step times
-    `grid_ts` by `event_step`: the route of [`cdiff.simulate`][] for a model with
+    `grid_ts` by `event_step` (with `projection` after every sub-step, for
+    [`cdiff.Projected`][]): the route of [`cdiff.simulate`][] for a model with
     unilateral rows."""
     dt = grid_ts[1] - grid_ts[0]
 
@@ -326,7 +338,8 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         ta, tb = ts
         running = result == RESULTS.successful
         y1, active1, e01, events1, done = event_step(problem, ta, tb, y, active, e0,
-                                                     events, dt_rest=dt)
+                                                     events, dt_rest=dt,
+                                                     projection=projection)
         result = RESULTS.where(running & ~done, RESULTS.event_limit, result)
         keep = running & done
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
@@ -338,7 +351,12 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
 
     y0 = problem.y0
     active0 = problem.context.model.active
-    init = (y0, active0, problem.context.e0, RESULTS.successful,
+    # (Checked before tracing where the start is concrete, naming the rows.)
+    q0 = problem.coordinates(grid_ts[0], y0)[0]
+    g0 = problem.context.model.unilateral(grid_ts[0], q0)
+    start = RESULTS.where(jnp.any(g0 < -start_tolerance(q0)),
+                          RESULTS.penetrating_start, RESULTS.successful)
+    init = (y0, active0, problem.context.e0, start,
             Events.empty(*problem.coordinates(grid_ts[0], y0), active0.shape[0]))
     xs = (grid_ts[:steps], grid_ts[1:steps + 1])
     (y, active, _, result, events), (step_rows, step_active) = jax.lax.scan(
