@@ -120,6 +120,69 @@ def _with(problem: Problem, active, e0) -> Problem:
                        (active, e0))
 
 
+def held_multipliers(problem: Problem, t, y, active, e0, *, dt_rest):
+    """The held rows' multipliers at `(t, y)` (inf where not held)."""
+    m = jax.eval_shape(problem.context.model.model.holonomic, t,
+                       problem.coordinates(t, y)[0]).shape[0]
+    prob = _with(problem, active, e0)
+    frozen = prob.freeze(t, t + dt_rest, y)
+    lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
+    return jnp.where(active, lam[m:m + active.shape[0]], jnp.inf)
+
+
+def release(problem: Problem, t, y, active, e0, lam):
+    """`(active, y)`: `active` less the rows whose multiplier `lam` would pull,
+    and the state restarted with the rows left."""
+    active = active & ~(lam < 0)
+    prob = _with(problem, active, e0)
+    return active, prob.restart(t, *prob.coordinates(t, y))
+
+
+def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, *,
+               record, dt_rest):
+    """An event at the state `(t, q, v)` (on a row, or where a held row's
+    multiplier reached zero), taken: the impact on the inactive rows at contact,
+    made plastic by the rest rule where a bounce is too slow to leave for
+    `dt_rest`; the rows that hold from there (those at contact that do not leave
+    it, and the held ones less `released`); the energy after it; the impact added
+    to `events` where `record` and some row was hit. Returns `(y, held, e0,
+    events)`, `y` the formulation's state restarted there."""
+    model = problem.context.model.model
+    throw = problem.context.throw
+    dtype = q.dtype
+    eps = jnp.finfo(dtype).eps
+    r = active.shape[0]
+    e = jnp.broadcast_to(jnp.asarray(model.restitution, dtype), (r,))
+    scale = jnp.maximum(1.0, jnp.max(jnp.abs(q)))
+    prob = _with(problem, active, e0)
+    g = model.unilateral(t, q)
+    hit = ~active & (g <= eps ** 0.75 * scale)
+    first = impact(model, t, q, v, hit, throw=throw)
+    # Rest: a bounce too slow to leave for a step becomes plastic.
+    y_plus = prob.restart(t, q, first.v)
+    frozen = prob.freeze(t, t + dt_rest, y_plus)
+    dyn = prob.formulation.dynamics(t, y_plus, prob.context, frozen)
+    _, vdot = rates(prob.formulation, prob.context, t, y_plus, dyn)
+    q_plus, v_plus = prob.coordinates(t, y_plus)
+    gdot_plus, gddot = jax.jvp(
+        lambda q, v: unilateral_rate(model, t, q, v)[1], (q_plus, v_plus),
+        (model.position_rate(t, q_plus, v_plus), vdot))
+    rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
+    out = impact(model, t, q, v, hit, restitution=jnp.where(rest, 0.0, e),
+                 throw=throw)
+    # Every row at contact that does not leave it holds from here: those stopped
+    # by the impact, and those that arrived at zero speed.
+    _, gdot_out, _ = unilateral_rate(model, t, q, out.v)
+    vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
+    contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
+    e_after = model.energy(t, q, out.v)
+    e_after = e0 if e_after is None else jnp.asarray(e_after, dtype)
+    events = events.add(record & jnp.any(hit), t, q, v, out.v, out.impulse, out.rows,
+                        rest & out.rows)
+    held = (active & ~released) | contact
+    return _with(problem, held, e0).restart(t, q, out.v), held, e_after, events
+
+
 def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest,
                projection=None):
     """The state at `tb` from `y` at `ta`, with the events between: `(y, active,
@@ -128,29 +191,16 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     the rows held there."""
     wrapped: WithUnilateral = problem.context.model
     model = wrapped.model
-    m_base = jax.eval_shape(model.holonomic, ta, y[0]).shape[0]
     r = active.shape[0]
     dtype = ta.dtype
     eps = jnp.finfo(dtype).eps
-    e = jnp.broadcast_to(jnp.asarray(model.restitution, dtype), (r,))
 
     def gap(t, q, active):
         g = model.unilateral(t, q)
         return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
     def pulls(t, y, active, e0):
-        """The held rows' multipliers at `(t, y)` (inf where not held)."""
-        prob = _with(problem, active, e0)
-        frozen = prob.freeze(t, t + dt_rest, y)
-        lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
-        return jnp.where(active, lam[m_base:m_base + r], jnp.inf)
-
-    def release(t, y, active, e0, lam):
-        """`(active, y)`: `active` less the rows whose multiplier `lam` would pull,
-        and the state restarted with the rows left."""
-        active = active & ~(lam < 0)
-        prob = _with(problem, active, e0)
-        return active, prob.restart(t, *prob.coordinates(t, y))
+        return held_multipliers(problem, t, y, active, e0, dt_rest=dt_rest)
 
     def body(c: _Carry) -> _Carry:
         # (The step's first sub-step starts from the previous step's end, where the
@@ -158,7 +208,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         check = jnp.any(c.active) & ~c.locating & (c.substeps > 0)
         active, y = jax.lax.cond(
             eqxi.unvmap_any(check),
-            lambda c: release(c.t, c.y, c.active, c.e0, jnp.where(
+            lambda c: release(problem, c.t, c.y, c.active, c.e0, jnp.where(
                 check, pulls(c.t, c.y, c.active, c.e0), jnp.inf)),
             lambda c: (c.active, c.y), c)
         c = c._replace(y=y)
@@ -221,34 +271,11 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
             v_e = v_try + delta * vdot
             t_e = t_try + delta
-            g_e = model.unilateral(t_e, q_e)
-            hit = ~active & (g_e <= eps ** 0.75 * scale)
-            first = impact(model, t_e, q_e, v_e, hit, throw=prob.context.throw)
-            # Rest: a bounce too slow to leave for a step becomes plastic.
-            y_plus = prob.restart(t_e, q_e, first.v)
-            frozen = prob.freeze(t_e, t_e + dt_rest, y_plus)
-            dyn = prob.formulation.dynamics(t_e, y_plus, prob.context, frozen)
-            qdot, vdot = rates(prob.formulation, prob.context, t_e, y_plus, dyn)
-            q_plus, v_plus = prob.coordinates(t_e, y_plus)
-            gdot_plus, gddot = jax.jvp(
-                lambda q, v: unilateral_rate(model, t_e, q, v)[1], (q_plus, v_plus),
-                (model.position_rate(t_e, q_plus, v_plus), vdot))
-            rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
-            out = impact(model, t_e, q_e, v_e, hit, restitution=jnp.where(rest, 0.0, e),
-                         throw=prob.context.throw)
-            # Every row at contact that does not leave it holds from here: those
-            # stopped by the impact, and those that arrived at zero speed.
-            _, gdot_out, _ = unilateral_rate(model, t_e, q_e, out.v)
-            vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
-            contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
-            e_after = model.energy(t_e, q_e, out.v)
-            e_after = c.e0 if e_after is None else jnp.asarray(e_after, dtype)
-            events = c.events.add(event & jnp.any(hit), t_e, q_e, v_e, out.v,
-                                  out.impulse, out.rows, rest & out.rows)
             # A release: the held rows whose multiplier reached zero.
             released = releasing & active & (lam_try <= tol)
-            held = (active & ~released) | contact
-            y_after = _with(problem, held, c.e0).restart(t_e, q_e, out.v)
+            y_after, held, e_after, events = take_event(
+                problem, t_e, q_e, v_e, active, released, c.e0, c.events,
+                record=event, dt_rest=dt_rest)
             return (t_e, y_after, held, e_after, events)
 
         def no_event(_):
@@ -307,7 +334,7 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     lam = jnp.where(final.done, final.lam, jnp.inf)
     active, y = jax.lax.cond(
         eqxi.unvmap_any(jnp.any(final.active & (lam < 0))),
-        lambda: release(final.t, final.y, final.active, final.e0, lam),
+        lambda: release(problem, final.t, final.y, final.active, final.e0, lam),
         lambda: (final.active, final.y))
 
     # The step's events appended to the solve's, where some trajectory had one.
