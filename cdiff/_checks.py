@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 import warnings
 
-import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -26,8 +25,6 @@ from ._routes import constant_steps
 from ._solution import plain_saveat
 from ._solver.bdf import BDF
 from ._solver.events import start_tolerance
-from ._solver.projected import Projected
-from ._solver.rk4 import RK4
 
 
 def check_formulation(formulation) -> None:
@@ -234,9 +231,10 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
                      control, t0, q0) -> int:
     """The number of unilateral rows of `model`; where it has any, checked that the
     solve can enforce them: an ODE formulation (UdwadiaKalaba, Lagrange,
-    Projection, NullSpace, Regularized), cdiff's RK4 (or `Projected` RK4) with a
-    constant step and the default adjoint, and a `SaveAt` of `t0`, `t1` and/or `steps` (no save times
-    yet)."""
+    Projection, NullSpace, Regularized), a diffrax solver (cdiff.RK4, Projected,
+    any of diffrax's; not BDF), the default adjoint, and a `SaveAt` of `t0`, `t1`,
+    `steps` or `ts` (not both of the last two); and that the start is not behind a
+    row."""
     r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
     if len(r) != 1:
         raise ValueError(f"{type(model).__name__}.unilateral(t, q) must return a "
@@ -255,22 +253,22 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
                            "Regularized)")
     if control is not None and isinstance(control, AbstractStatefulController):
         unsupported.append("a stateful controller")
-    inner = solver.solver if type(solver) is Projected else solver
-    if type(inner) is not RK4 or not inner.fast_paths:
-        unsupported.append(f"the solver {_solver_name(solver)} (supported: "
-                           "cdiff.RK4(), cdiff.Projected(cdiff.RK4(), projection))")
-    if not isinstance(stepsize_controller, diffrax.ConstantStepSize):
-        unsupported.append("an adaptive step size")
+    if isinstance(solver, BDF):
+        unsupported.append("the solver BDF (supported: cdiff.RK4, cdiff.Projected and "
+                           "diffrax's solvers)")
     if adjoint is not None:
         unsupported.append("an adjoint other than the default")
     sub = plain_saveat(saveat)
-    if sub is None or sub.ts is not None or sub.steps not in (0, 1, True, False):
-        unsupported.append("this saveat (supported: SaveAt(t0=, t1=, steps=))")
+    if (sub is None or sub.steps not in (0, 1, True, False)
+            or (sub.ts is not None and sub.steps)):
+        unsupported.append("this saveat (supported: SaveAt(t0=, t1=, steps=) or "
+                           "SaveAt(t0=, t1=, ts=))")
     if unsupported:
         raise ValueError(
             f"cdiff.simulate: {name} has {r[0]} unilateral row(s) (unilateral(t, "
-            "q)), whose events and impacts cdiff integrates with cdiff.RK4 at a "
-            "constant step so far; not with " + "; ".join(unsupported) + ".")
+            "q)), whose events and impacts cdiff integrates with an ODE formulation "
+            "and an explicit or implicit diffrax solver so far; not with "
+            + "; ".join(unsupported) + ".")
     if is_concrete(model, t0, q0):
         g = np.asarray(model.unilateral(jnp.asarray(t0, q0.dtype), q0))
         rows = np.flatnonzero(g < -start_tolerance(q0))
@@ -280,13 +278,6 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
                 f"row(s) {rows.tolist()}: g(t0, q0) = {g[rows].tolist()}, which must "
                 "be >= 0 (a row at contact starts at 0).")
     return r[0]
-
-
-def _solver_name(solver) -> str:
-    """`Outer(Inner)` for a stack of wrapped solvers."""
-    if isinstance(solver, diffrax.AbstractWrappedSolver):
-        return f"{type(solver).__name__}({_solver_name(solver.solver)})"
-    return type(solver).__name__
 
 
 def check_combination(model, formulation, control, q0, v0, t0) -> None:

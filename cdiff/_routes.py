@@ -18,6 +18,7 @@ from ._results import is_concrete
 from ._solution import Trajectory, plain_saveat
 from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_route
+from ._solver.event_segments import event_diffrax_route
 from ._solver.events import event_rk4_route
 from ._solver.frozen import diffrax_route
 from ._solver.grid import UniformGrid
@@ -101,6 +102,29 @@ class EventRK4Route(AbstractRoute):
             save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
             throw=self.throw, projection=self.projection)
         return dataclasses.replace(trajectory, dt=grid.step, dt_taken=grid.step)
+
+
+class EventDiffraxRoute(AbstractRoute):
+    """Unilateral rows with a diffrax solver, an adaptive step or save times:
+    segments of `diffrax.diffeqsolve` between events (`event_diffrax_route`)."""
+
+    solver: Any
+    stepsize_controller: Any
+    save: tuple[bool, bool, bool]  # t0, t1, steps
+    save_ts: Any
+    max_steps: int
+    throw: bool
+
+    def __call__(self, problem: Problem):
+        save_ts = (None if self.save_ts is None
+                   else jnp.asarray(self.save_ts, problem.t0.dtype))
+        trajectory = event_diffrax_route(
+            problem, self.solver, dt0=problem.dt,
+            stepsize_controller=self.stepsize_controller, save=self.save,
+            save_ts=save_ts, max_steps=self.max_steps, throw=self.throw)
+        constant = isinstance(self.stepsize_controller, diffrax.ConstantStepSize)
+        taken = problem.dt if constant else jnp.asarray(jnp.nan, problem.q0.dtype)
+        return dataclasses.replace(trajectory, dt=problem.dt, dt_taken=taken)
 
 
 class DiffraxRoute(AbstractRoute):
@@ -237,15 +261,22 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
                  max_steps: int, throw: bool, times, *, unilateral: bool = False
                  ) -> AbstractRoute:
     """The route of a solve: `cdiff.BDF` by its own; cdiff's RK4 loop where it
-    applies (see `_own_loop_steps`), with events for a model with `unilateral`
-    rows (`check_unilateral` has checked that it applies); else
-    `diffrax.diffeqsolve`."""
+    applies (see `_own_loop_steps`); else `diffrax.diffeqsolve`. For a model with
+    `unilateral` rows (`check_unilateral` has checked the solve), cdiff's RK4 loop
+    with events where it applies (also for `Projected(RK4())`, without save
+    times), else segments of `diffrax.diffeqsolve` between events."""
     if unilateral:
         sub = plain_saveat(saveat)
-        projection = solver.projection if isinstance(solver, Projected) else None
-        return EventRK4Route(constant_steps(*times), (bool(sub.t0), bool(sub.t1),
-                                                      bool(sub.steps)),
-                             max_steps, throw, projection)
+        save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
+        projected = type(solver) is Projected
+        steps = _own_loop_steps(solver.solver if projected else solver,
+                                stepsize_controller, saveat, adjoint, max_steps, times)
+        if steps is not None and sub.ts is None:
+            return EventRK4Route(steps, save, max_steps, throw,
+                                 solver.projection if projected else None)
+        return EventDiffraxRoute(solver, stepsize_controller, save, sub.ts, max_steps,
+                                 throw, reschedule=getattr(innermost(solver),
+                                                           "fast_paths", True))
     if isinstance(solver, BDF):
         return _bdf_route(solver, saveat, adjoint, progress, max_steps, throw=throw)
     return _ode_route(solver, stepsize_controller, saveat, adjoint, progress,

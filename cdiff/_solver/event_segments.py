@@ -1,0 +1,321 @@
+r"""Unilateral rows through `diffrax.diffeqsolve`: any diffrax solver and step-size
+controller (adaptive steps), and save times.
+
+The solve is a loop of segments (`equinox.internal.while_loop`, reverse-mode
+differentiable). Each segment is one `diffrax.diffeqsolve` from the last event
+towards `t1`, with the active rows held as equalities, ended by a `diffrax.Event`
+on the *monitor*
+
+$$m(t) = \min\Big(\min_{i\ \text{inactive}} \frac{g_i}{s_q},\
+\min_{i\ \text{held}} \frac{\lambda_i}{s_\lambda}\Big) + c,$$
+
+the rows' gaps in units of the configuration's size $s_q = \max(1, \|q\|_\infty)$
+and the held rows' multipliers in units of their size at the segment's start,
+shifted by $c$ (round-off) so that it starts positive. diffrax ends the segment
+where $m$ falls through zero (`direction=False`), located on the last step's dense
+output by Illinois' regula falsi ([`Illinois`][], an optimistix root finder) to
+round-off in $m$; the event time's derivative is the implicit function theorem's
+(optimistix's implicit adjoint). There the event is taken as by cdiff's own loop
+(`take_event`: impacts, the rest rule, the rows held from there, a release), and
+the next segment starts. A row that would pull at a segment's start is released
+there.
+
+The rest rule's time is the solve's `dt` (the first step of an adaptive solve).
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar, NamedTuple
+
+import diffrax
+import equinox as eqx
+import equinox.internal as eqxi
+import jax
+import jax.numpy as jnp
+import optimistix as optx
+from jaxtyping import Array, Bool, Float
+
+from .._problem import Problem
+from .._results import RESULTS
+from .._solution import Trajectory, stack_saved
+from .events import MAX_EVENTS, Events, _with, held_multipliers, release, start_tolerance, take_event
+from .frozen import diffrax_problem, stepsize_tolerances
+from .projected import Projected
+
+# Segments (one per event, plus the last) per solve.
+MAX_SEGMENTS = 256
+_STEPS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
+
+
+class _IllinoisState(eqx.Module):
+    lower: Float[Array, ""]
+    upper: Float[Array, ""]
+    f_lower: Float[Array, ""]
+    f_upper: Float[Array, ""]
+    side: Array
+    error: Float[Array, ""]
+    step: Array
+
+
+class Illinois(optx.AbstractRootFinder):
+    """Illinois' regula falsi on a bracket `[lower, upper]` (optimistix `options`)
+    of a scalar function positive at `lower` and not positive at `upper`, as
+    diffrax's events pass it: a secant step within the bracket, whose far end's
+    value is halved when one end is kept twice. Ends where `|f| <= atol` or the
+    bracket is narrower than `rtol` times its end."""
+
+    rtol: float
+    atol: float
+    norm: ClassVar = jnp.abs
+
+    def init(self, fn, y, args, options, f_struct, aux_struct, tags):
+        del y, aux_struct, tags
+        lower = jnp.asarray(options["lower"], f_struct.dtype)
+        upper = jnp.asarray(options["upper"], f_struct.dtype)
+        f_lower, _ = fn(lower, args)
+        return _IllinoisState(lower, upper, f_lower, jnp.zeros_like(f_lower),
+                              jnp.asarray(0), jnp.asarray(jnp.inf, f_struct.dtype),
+                              jnp.asarray(0))
+
+    def step(self, fn, y, args, options, state: _IllinoisState, tags):
+        del options, tags
+        # (The first trial is diffrax's `upper`, the end of the step.)
+        f, aux = fn(y, args)
+        positive = f > 0
+        lower = jnp.where(positive, y, state.lower)
+        upper = jnp.where(positive, state.upper, y)
+        f_lower = jnp.where(positive, f, jnp.where(state.side == -1, state.f_lower / 2,
+                                                    state.f_lower))
+        f_upper = jnp.where(positive, jnp.where(state.side == 1, state.f_upper / 2,
+                                                state.f_upper), f)
+        side = jnp.where(positive, 1, -1)
+        denominator = f_upper - f_lower
+        secant = (lower * f_upper - upper * f_lower) / jnp.where(denominator < 0,
+                                                                 denominator, -1.0)
+        new_y = jnp.where(denominator < 0, jnp.clip(secant, lower, upper),
+                          0.5 * (lower + upper))
+        return new_y, _IllinoisState(lower, upper, f_lower, f_upper, side, f,
+                                     state.step + 1), aux
+
+    def terminate(self, fn, y, args, options, state: _IllinoisState, tags):
+        del fn, y, args, options, tags
+        width = state.upper - state.lower
+        done = (state.step > 0) & ((jnp.abs(state.error) <= self.atol)
+                                   | (width <= self.rtol * jnp.abs(state.upper)))
+        return done, optx.RESULTS.successful
+
+    def postprocess(self, fn, y, aux, args, options, state, tags, result):
+        return y, aux, {}
+
+
+class _Monitor(eqx.Module):
+    """The segment's monitor `m(t)` (see the module), a diffrax event function."""
+
+    problem: Problem  # with the segment's active rows
+    lam_scale: Float[Array, ""]
+    offset: Float[Array, ""]
+    dt_rest: Float[Array, ""]
+
+    def values(self, t, y):
+        """The rows' gaps (inf where held) and held multipliers (inf where not
+        held), each in its unit."""
+        problem = self.problem
+        wrapped = problem.context.model
+        active = wrapped.active
+        q, _ = problem.coordinates(t, y)
+        scale = jnp.maximum(1.0, jnp.max(jnp.abs(q)))
+        gap = jnp.where(active, jnp.inf, wrapped.unilateral(t, q) / scale)
+        lam = jax.lax.cond(
+            eqxi.unvmap_any(jnp.any(active)),
+            lambda: held_multipliers(problem, t, y, active, problem.context.e0,
+                                     dt_rest=self.dt_rest),
+            lambda: jnp.full(active.shape, jnp.inf, q.dtype))
+        return gap, lam / self.lam_scale
+
+    def __call__(self, t, y, args, **kwargs):
+        del args, kwargs
+        gap, lam = self.values(t, y)
+        return jnp.minimum(jnp.min(gap, initial=jnp.inf),
+                           jnp.min(lam, initial=jnp.inf)) + self.offset
+
+
+class _Carry(NamedTuple):
+    t: Float[Array, ""]
+    y: Any
+    active: Bool[Array, " r"]
+    e0: Float[Array, ""]
+    result: Any
+    events: Events
+    steps: tuple  # (taken, accepted, rejected)
+    ts: Float[Array, " n"]  # the saved rows (save times or steps)
+    ys: Any
+    saved_active: Bool[Array, "n r"]
+    filled: Array  # rows of steps written
+    done: Bool[Array, ""]
+
+
+def event_diffrax_route(problem: Problem, solver, *, dt0, stepsize_controller,
+                        save: tuple[bool, bool, bool], save_ts, max_steps: int,
+                        throw: bool) -> Trajectory:
+    """Integrate `problem` (whose model is a [`WithUnilateral`][]) by segments of
+    `diffrax.diffeqsolve` between events (see the module): the route of
+    [`cdiff.simulate`][] for a model with unilateral rows and a diffrax solver,
+    an adaptive step or save times. `save`: `(t0, t1, steps)`; `save_ts`: the save
+    times or None."""
+    save_t0, save_t1, save_steps = save
+    t0, t1, dt = problem.t0, problem.t1, problem.dt
+    y0 = problem.y0
+    dtype = t0.dtype
+    eps = jnp.finfo(dtype).eps
+    active0 = problem.context.model.active
+    r = active0.shape[0]
+    projection = solver.projection if type(solver) is Projected else None
+    solver = stepsize_tolerances(solver, stepsize_controller)
+    root_finder = Illinois(rtol=4 * eps, atol=8 * eps)
+
+    # The saved rows beyond t0 and t1: save times, or every step (the steps that
+    # end at events with the state after the event, as save times there).
+    # (Saving steps: each event adds a row, the state before its impact.)
+    n = (save_ts.shape[0] if save_ts is not None
+         else max_steps + MAX_EVENTS if save_steps else 0)
+
+    def body(c: _Carry) -> _Carry:
+        # A held row that would pull at the segment's start is released there.
+        lam = jax.lax.cond(
+            eqxi.unvmap_any(jnp.any(c.active)),
+            lambda: held_multipliers(problem, c.t, c.y, c.active, c.e0, dt_rest=dt),
+            lambda: jnp.full(r, jnp.inf, dtype))
+        active, y = jax.lax.cond(
+            eqxi.unvmap_any(jnp.any(c.active & (lam < 0))),
+            lambda: release(problem, c.t, c.y, c.active, c.e0, lam),
+            lambda: (c.active, c.y))
+        prob = _with(problem, active, c.e0)
+        held = jnp.where(active & (lam >= 0), lam, 0.0)
+        lam_scale = jnp.maximum(jnp.max(held, initial=0.0), jnp.finfo(dtype).tiny)
+        lam_scale = jax.lax.stop_gradient(lam_scale)
+        raw = _Monitor(prob, lam_scale, jnp.zeros((), dtype), dt)(c.t, y, None)
+        offset = jax.lax.stop_gradient(
+            jnp.where(jnp.isfinite(raw), jnp.maximum(-raw, 0.0), 0.0) + 8 * eps)
+        event = diffrax.Event(_Monitor(prob, lam_scale, offset, dt), root_finder,
+                              direction=False)
+        terms, fsolver, args = diffrax_problem(prob, solver, dt)
+        subs = [diffrax.SubSaveAt(t1=True)]
+        if save_ts is not None:  # (those before the segment saved at its start)
+            subs.append(diffrax.SubSaveAt(ts=jnp.clip(save_ts, c.t, t1)))
+        elif save_steps:
+            subs.append(diffrax.SubSaveAt(steps=True))
+        sol = diffrax.diffeqsolve(
+            terms, fsolver, c.t, t1, dt0, y, args=args,
+            saveat=diffrax.SaveAt(subs=subs), stepsize_controller=stepsize_controller,
+            event=event, max_steps=max_steps, throw=False)
+        t_end = sol.ts[0][-1]
+        y_end = jax.tree.map(lambda x: x[-1], sol.ys[0])
+        hit = sol.result == diffrax.RESULTS.event_occurred
+        ok = hit | (sol.result == diffrax.RESULTS.successful)
+        result = RESULTS.where(ok, c.result, RESULTS.promote(sol.result))
+
+        # The saved rows this segment wrote.
+        ts_out, ys_out, saved_active, filled = c.ts, c.ys, c.saved_active, c.filled
+        if save_ts is not None:
+            # [t, t_end) of an event's segment, [t, t_end] of the last: a save time
+            # at an event has the state after its impact.
+            take = ok & (save_ts >= c.t) & ((save_ts < t_end)
+                                            | (~hit & (save_ts <= t_end)))
+            ts_out = jnp.where(take, save_ts, ts_out)
+            ys_out = jax.tree.map(
+                lambda new, old: jnp.where(_rows(take, new), new, old), sol.ys[1],
+                ys_out)
+            saved_active = jnp.where(take[:, None], active, saved_active)
+        elif save_steps:
+            # Appended after the rows written so far (overflow ends the solve
+            # with max_steps_reached).
+            valid = ok & jnp.isfinite(sol.ts[1])
+            count = jnp.sum(valid)
+            index = jnp.where(valid, filled + jnp.arange(max_steps), n)
+            ts_out = ts_out.at[index].set(sol.ts[1], mode="drop")
+            ys_out = jax.tree.map(lambda out, new: out.at[index].set(new, mode="drop"),
+                                  ys_out, sol.ys[1])
+            saved_active = saved_active.at[index].set(active, mode="drop")
+            result = RESULTS.where(filled + count > n,
+                                   RESULTS.max_steps_reached, result)
+            filled = filled + count
+
+        def take_it():
+            gap, lam_e = _Monitor(prob, lam_scale, offset, dt).values(t_end, y_end)
+            q_e, v_e = prob.coordinates(t_end, y_end)
+            if projection is not None:
+                # The event state is the dense output's: projected like every
+                # step's end, its position with the rows at contact held (their
+                # velocities are the impact's).
+                throw = prob.context.throw
+                at_contact = _with(problem, active | (gap <= eps ** 0.75), c.e0)
+                q_e = projection.position(at_contact.context.model, t_end, q_e,
+                                          throw=throw)
+                v_e = projection.velocity(prob.context.model, t_end, q_e, v_e,
+                                          throw=throw)
+            low = jnp.minimum(jnp.min(gap, initial=jnp.inf),
+                              jnp.min(lam_e, initial=jnp.inf))
+            # A release: the held rows whose multiplier is the monitor's minimum.
+            releasing = jnp.min(lam_e, initial=jnp.inf) < jnp.min(gap, initial=jnp.inf)
+            released = releasing & active & (lam_e <= low + 16 * eps)
+            return take_event(problem, t_end, q_e, v_e, active, released, c.e0,
+                              c.events, record=hit, dt_rest=dt)
+
+        y_next, held_next, e0_next, events = jax.lax.cond(
+            eqxi.unvmap_any(hit), take_it,
+            lambda: (y_end, active, c.e0, c.events))
+        running = result == RESULTS.successful
+        keep = running & hit
+        if save_steps and save_ts is None:
+            # The step that ends at an event is saved with the state after it.
+            last = jnp.where(keep, filled - 1, n)
+            ys_out = jax.tree.map(lambda out, x: out.at[last].set(x, mode="drop"),
+                                  ys_out, y_next)
+            saved_active = saved_active.at[last].set(held_next, mode="drop")
+        return _Carry(
+            t=jnp.where(running, t_end, c.t),
+            y=jax.tree.map(lambda a, b: jnp.where(running, a, b),
+                           jax.tree.map(lambda a, b: jnp.where(hit, a, b), y_next,
+                                        y_end), c.y),
+            active=jnp.where(keep, held_next, active),
+            e0=jnp.where(keep, e0_next, c.e0), result=result, events=events,
+            steps=tuple(n + sol.stats[k] for n, k in zip(c.steps, _STEPS)),
+            ts=ts_out, ys=ys_out,
+            saved_active=saved_active, filled=filled,
+            done=~running | ~hit | (t_end >= t1))
+
+    q0 = problem.coordinates(t0, y0)[0]
+    g0 = problem.context.model.unilateral(t0, q0)
+    start = RESULTS.where(jnp.any(g0 < -start_tolerance(q0)),
+                          RESULTS.penetrating_start, RESULTS.successful)
+    inf = jnp.asarray(jnp.inf, dtype)
+    init = _Carry(
+        t=t0, y=y0, active=active0, e0=problem.context.e0, result=start,
+        events=Events.empty(*problem.coordinates(t0, y0), r),
+        steps=(jnp.asarray(0),) * 3, ts=jnp.full((n,), inf),
+        ys=jax.tree.map(lambda x: jnp.full((n,) + x.shape, inf, x.dtype), y0),
+        saved_active=jnp.zeros((n, r), bool), filled=jnp.asarray(0),
+        done=start != RESULTS.successful)
+    final = eqxi.while_loop(lambda c: ~c.done, body, init, max_steps=MAX_SEGMENTS,
+                            kind="checkpointed")
+    result = RESULTS.where((final.result == RESULTS.successful) & ~final.done,
+                           RESULTS.event_limit, final.result)
+    ended = result == RESULTS.successful
+
+    def row(t, y, active):
+        return (t[None], (jax.tree.map(lambda x: x[None], y), active[None]))
+
+    final_row = jax.tree.map(lambda x: jnp.where(ended, x, jnp.inf),
+                             (final.t, final.y))
+    ts, (ys, saved_active) = stack_saved(
+        t0=row(t0, y0, active0) if save_t0 else None,
+        ts=(final.ts, (final.ys, final.saved_active)) if n else None,
+        t1=(row(*final_row, final.active) if save_t1 and not save_steps else None))
+    if throw:
+        ts = result.error_if(ts, result != RESULTS.successful)
+    stats = dict(zip(_STEPS, final.steps), max_steps=max_steps, events=final.events)
+    return Trajectory(ts, ys, result, stats, active=saved_active)
+
+
+def _rows(mask, x):
+    return mask.reshape(mask.shape + (1,) * (x.ndim - 1))
