@@ -13,7 +13,7 @@ import numpy as np
 
 from ._formulation.base import AbstractFormulation
 from ._formulation.controller import AbstractStatefulController, check_controller
-from ._formulation.dae import AbstractDAEFormulation
+from ._formulation.dae import GGL, AbstractDAEFormulation, IndexOne
 from ._formulation.lagrange import Lagrange
 from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._formulation.projection import Projection
@@ -231,8 +231,9 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
                      control, t0, q0) -> int:
     """The number of unilateral rows of `model`; where it has any, checked that the
     solve can enforce them: an ODE formulation (UdwadiaKalaba, Lagrange,
-    Projection, NullSpace, Regularized), a diffrax solver (cdiff.RK4, Projected,
-    any of diffrax's; not BDF), the default adjoint, and a `SaveAt` of `t0`, `t1`,
+    Projection, NullSpace, Regularized) with a diffrax solver (cdiff.RK4,
+    Projected, any of diffrax's), or a DAE formulation (GGL, IndexOne) with
+    cdiff.BDF; the default adjoint, and a `SaveAt` of `t0`, `t1`,
     `steps` or `ts` (not both of the last two); and that the start is not behind a
     row."""
     r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
@@ -246,16 +247,17 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     if e is not None and not (np.all(e >= 0) and np.all(e <= 1)):
         raise ValueError(f"{name}.restitution must lie in [0, 1], got {e}")
     unsupported = []
-    if type(formulation) not in (UdwadiaKalaba, Lagrange, Projection, NullSpace,
-                                 Regularized):
+    dae = type(formulation) in (GGL, IndexOne)
+    if not dae and type(formulation) not in (UdwadiaKalaba, Lagrange, Projection,
+                                             NullSpace, Regularized):
         unsupported.append(f"the formulation {type(formulation).__name__} (supported: "
                            "UdwadiaKalaba, Lagrange, Projection, NullSpace, "
-                           "Regularized)")
+                           "Regularized, GGL, IndexOne)")
     if control is not None and isinstance(control, AbstractStatefulController):
         unsupported.append("a stateful controller")
-    if isinstance(solver, BDF):
-        unsupported.append("the solver BDF (supported: cdiff.RK4, cdiff.Projected and "
-                           "diffrax's solvers)")
+    if isinstance(solver, BDF) and not dae:
+        unsupported.append("cdiff.BDF with an ODE formulation (BDF takes GGL and "
+                           "IndexOne; the ODE formulations take diffrax's solvers)")
     if adjoint is not None:
         unsupported.append("an adjoint other than the default")
     sub = plain_saveat(saveat)
@@ -267,7 +269,7 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
         raise ValueError(
             f"cdiff.simulate: {name} has {r[0]} unilateral row(s) (unilateral(t, "
             "q)), whose events and impacts cdiff integrates with an ODE formulation "
-            "and an explicit or implicit diffrax solver so far; not with "
+            "and a diffrax solver, or GGL or IndexOne with cdiff.BDF; not with "
             + "; ".join(unsupported) + ".")
     if is_concrete(model, t0, q0):
         g = np.asarray(model.unilateral(jnp.asarray(t0, q0.dtype), q0))

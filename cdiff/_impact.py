@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 
 import equinox as eqx
+import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
@@ -154,6 +155,29 @@ class WithUnilateral(AbstractModel):
 
     def integrate_position(self, q, dv):
         return self.model.integrate_position(q, dv)
+
+
+def free_rows(model: AbstractModel, t, q, v):
+    r"""`(holonomic, velocity)`: boolean masks of the rows of $\Phi_q$ and of $A_v$
+    that are a `WithUnilateral`'s inactive unilateral rows (zero rows), or None for
+    another model."""
+    if not isinstance(model, WithUnilateral):
+        return None
+    m = jax.eval_shape(model.model.holonomic, t, q).shape[0]
+    p = jax.eval_shape(model.model.nonholonomic, t, q, v).shape[0]
+    free = ~model.active
+    holonomic = jnp.concatenate([jnp.zeros(m, bool), free])
+    return holonomic, jnp.concatenate([holonomic, jnp.zeros(p, bool)])
+
+
+def unilateral_indices(model: "WithUnilateral", t, q, v):
+    r"""`(base velocity rows -> rows of the wrapped model, unilateral rows)`: where
+    the rows of `model.model`'s $A_v$ and the unilateral rows sit among the rows of
+    the `WithUnilateral`'s $A_v$ (holonomic, then held, then nonholonomic)."""
+    m = jax.eval_shape(model.model.holonomic, t, q).shape[0]
+    p = jax.eval_shape(model.model.nonholonomic, t, q, v).shape[0]
+    r = model.active.shape[0]
+    return (list(range(m)) + list(range(m + r, m + r + p)), list(range(m, m + r)))
 
 
 class _HeldRows(AbstractModel):

@@ -18,7 +18,7 @@ from ._results import is_concrete
 from ._solution import Trajectory, plain_saveat
 from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_route
-from ._solver.event_segments import event_diffrax_route
+from ._solver.event_segments import event_bdf_route, event_diffrax_route
 from ._solver.events import event_rk4_route
 from ._solver.frozen import diffrax_route
 from ._solver.grid import UniformGrid
@@ -106,7 +106,8 @@ class EventRK4Route(AbstractRoute):
 
 class EventDiffraxRoute(AbstractRoute):
     """Unilateral rows with a diffrax solver, an adaptive step or save times:
-    segments of `diffrax.diffeqsolve` between events (`event_diffrax_route`)."""
+    segments of `diffrax.diffeqsolve` between events (`event_diffrax_route`); or
+    with cdiff's BDF, segments of it (`event_bdf_route`)."""
 
     solver: Any
     stepsize_controller: Any
@@ -118,11 +119,17 @@ class EventDiffraxRoute(AbstractRoute):
     def __call__(self, problem: Problem):
         save_ts = (None if self.save_ts is None
                    else jnp.asarray(self.save_ts, problem.t0.dtype))
-        trajectory = event_diffrax_route(
-            problem, self.solver, dt0=problem.dt,
-            stepsize_controller=self.stepsize_controller, save=self.save,
-            save_ts=save_ts, max_steps=self.max_steps, throw=self.throw)
-        constant = isinstance(self.stepsize_controller, diffrax.ConstantStepSize)
+        if isinstance(self.solver, BDF):
+            trajectory = event_bdf_route(
+                problem, self.solver, save=self.save, save_ts=save_ts,
+                max_steps=self.max_steps, throw=self.throw)
+        else:
+            trajectory = event_diffrax_route(
+                problem, self.solver, stepsize_controller=self.stepsize_controller,
+                save=self.save, save_ts=save_ts, max_steps=self.max_steps,
+                throw=self.throw)
+        constant = (not isinstance(self.solver, BDF) and isinstance(
+            self.stepsize_controller, diffrax.ConstantStepSize))
         taken = problem.dt if constant else jnp.asarray(jnp.nan, problem.q0.dtype)
         return dataclasses.replace(trajectory, dt=problem.dt, dt_taken=taken)
 
@@ -268,6 +275,8 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
     if unilateral:
         sub = plain_saveat(saveat)
         save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
+        if isinstance(solver, BDF):
+            return EventDiffraxRoute(solver, None, save, sub.ts, max_steps, throw)
         projected = type(solver) is Projected
         steps = _own_loop_steps(solver.solver if projected else solver,
                                 stepsize_controller, saveat, adjoint, max_steps, times)

@@ -22,6 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 import scipy.linalg
 
+from .._impact import WithUnilateral, free_rows, unilateral_indices
 from .._kinematics import velocity_constraints
 from .._linalg import default_rtol
 from .._model import AbstractModel
@@ -62,6 +63,18 @@ def _independent_rows(model, t0, q0, v0, m: int, name: str):
         stacklevel=2,
     )
     return kept, tuple(i for i in kept if i < m)
+
+
+def _with_unilateral_rows(model: WithUnilateral, t0, q0, v0, name: str):
+    """`_independent_rows` of the model's own rows, with every unilateral row kept,
+    in the numbering of the `WithUnilateral`'s rows."""
+    m = jax.eval_shape(model.model.holonomic, t0, q0).shape[0]
+    rows = _independent_rows(model.model, t0, q0, v0, m, name)
+    if rows is None:
+        return None
+    to_wrapped, unilateral = unilateral_indices(model, t0, q0, v0)
+    return (tuple(sorted([to_wrapped[i] for i in rows[0]] + unilateral)),
+            tuple(sorted(list(rows[1]) + unilateral)))
 
 
 class AbstractDAEFormulation(AbstractFormulation):
@@ -126,13 +139,19 @@ class AbstractDAEFormulation(AbstractFormulation):
         there (pivoted QR, rank threshold as the pseudoinverse's) are dropped
         from the DAE, with a warning naming them; `Solution.holonomic_residual`
         still reports every row. A rank deficiency that is not redundancy but a
-        start at a kinematic singularity is dropped the same way (and named)."""
+        start at a kinematic singularity is dropped the same way (and named).
+        Unilateral rows are always kept (a joint's two limits have parallel
+        gradients, but only one holds at a time): while a row is not held, the
+        DAE sets its multipliers to zero instead of its zero row."""
         t0 = jnp.asarray(t0, q0.dtype)
         m = jax.eval_shape(model.holonomic, t0, q0).shape[0]
         p = jax.eval_shape(model.nonholonomic, t0, q0, v0).shape[0]
         rows = self.rows
         if rows is None and m + p and is_concrete(model, t0, q0, v0):
-            rows = _independent_rows(model, t0, q0, v0, m, type(self).__name__)
+            if isinstance(model, WithUnilateral):
+                rows = _with_unilateral_rows(model, t0, q0, v0, type(self).__name__)
+            else:
+                rows = _independent_rows(model, t0, q0, v0, m, type(self).__name__)
         k_kept = m + p if rows is None else len(rows[0])
         m_kept = m if rows is None else len(rows[1])
         return dataclasses.replace(
@@ -148,6 +167,16 @@ class AbstractDAEFormulation(AbstractFormulation):
         if self.rows is None:
             return x
         return x[np.asarray(self.rows[1 if holonomic else 0], dtype=int)]
+
+    def free(self, t, q, v, context: Context):
+        """`(holonomic, velocity)` masks of the kept rows that are unilateral rows
+        not held (zero rows, whose multipliers the DAE sets to zero), or None
+        without unilateral rows. A subclass's `residual` replaces those rows'
+        equations by their multipliers."""
+        masks = free_rows(context.model, t, q, v)
+        if masks is None:
+            return None
+        return self.kept(masks[0], holonomic=True), self.kept(masks[1])
 
     def blocks(self, x):
         r"""`x` (or $\dot x$) split into `[q, v, z_1, z_2, ...]`, the blocks of
@@ -194,23 +223,38 @@ class AbstractDAEFormulation(AbstractFormulation):
         if self.rows is not None:  # the same force on the kept (independent) rows
             _, A_v = velocity_constraints(context.model, t, q, v)
             A = self.kept(A_v)
-            lam = jnp.linalg.solve(A @ A.T, A @ dyn.force)
+            free = self.free(t, q, v, context)
+            # (Rows not held are zero rows: their multipliers zero.)
+            fill = 0.0 if free is None else jnp.diag(free[1].astype(A.dtype))
+            lam = jnp.linalg.solve(A @ A.T + fill, A @ dyn.force)
         blocks = self.algebraic_values(t, q, v, a, lam, context)
         x = jnp.concatenate((q, v) + tuple(blocks))
         zeros = jnp.zeros(x.shape[0] - q.shape[0] - v.shape[0], x.dtype)
         qdot = context.model.position_rate(t, q, v)
         return x, jnp.concatenate([qdot, a, zeros])
 
+    def restart(self, t, q, v, context: Context):
+        """The consistent state at `(q, v)` after an event (with the rows held
+        from there): [`consistent`][cdiff.AbstractDAEFormulation.consistent]."""
+        n = sum(self.algebraic_sizes(*self.sizes))
+        return self.consistent(t, jnp.concatenate([q, v, jnp.zeros(n, q.dtype)]),
+                               context)[0]
+
     # -- singular configurations -------------------------------------------------
 
-    def _sigma_min_max(self, t, q, v, context: Context):
+    def _sigma_min_max(self, t, q, v, context: Context, fill=None):
         """Extreme singular values of the mass-weighted constraint matrix
-        $C = A_vR^{-1}$ ($CC^T = A_vM^{-1}A_v^T$, the reduction index matrix)."""
+        $C = A_vR^{-1}$ ($CC^T = A_vM^{-1}A_v^T$, the reduction index matrix), of
+        its held rows: unilateral rows not held count as `fill`."""
         terms = context.model.terms(t, q, v)
         _, A_v = terms.velocity_constraints
         C = checked_mass(context.model, t, q, terms,
                          throw=context.throw)[1].weight(self.kept(A_v))
-        ev = jnp.linalg.eigvalsh(C @ C.T)
+        CC = C @ C.T
+        free = self.free(t, q, v, context)
+        if free is not None and fill is not None:
+            CC = CC + jnp.diag(jnp.where(free[1], fill**2, 0.0))
+        ev = jnp.linalg.eigvalsh(CC)
         return jnp.sqrt(jnp.maximum(ev[0], 0.0)), jnp.sqrt(jnp.maximum(ev[-1], 0.0))
 
     def prepare(self, model: AbstractModel, t0, q0, v0):
@@ -218,6 +262,8 @@ class AbstractDAEFormulation(AbstractFormulation):
         singular value, the reference of `monitor`."""
         if self.sizes[2] == 0:
             return None
+        if isinstance(model, WithUnilateral):  # the scale with every row held
+            model = eqx.tree_at(lambda m: m.active, model, jnp.ones_like(model.active))
         context = Context(model, None, jnp.asarray(jnp.nan, q0.dtype))
         return self._sigma_min_max(t0, q0, v0, context)[1]
 
@@ -228,7 +274,7 @@ class AbstractDAEFormulation(AbstractFormulation):
         above `singular_rtol`$^{-2}$), relative to its scale at the initial state.
         [`cdiff.BDF`][] stops there with `cdiff.RESULTS.singular_configuration`."""
         q, v = self.coordinates(t, x, context)
-        smin, _ = self._sigma_min_max(t, q, v, context)
+        smin, _ = self._sigma_min_max(t, q, v, context, fill=context.aux)
         return smin / (self.singular_rtol * context.aux)
 
     # -- what the solution reports ---------------------------------------------
@@ -322,6 +368,9 @@ class GGL(AbstractDAEFormulation):
         phi = jnp.asarray(terms.holonomic, q.dtype)
         phi = self.kept(phi, holonomic=True)
         G = A_v[:m]
+        free = self.free(t, q, v, context)
+        if free is not None:
+            phi, r_v = jnp.where(free[0], mu, phi), jnp.where(free[1], lam, r_v)
         f = applied_forces(context, t, q, v, terms) + A_v.T @ lam
         kinematic = qdot - model.position_rate(t, q, v + G.T @ mu)
         if self.variant == "mass":
@@ -363,9 +412,13 @@ class IndexOne(AbstractDAEFormulation):
         kin = terms.kinematics
         A_v, b_v = self.kept(kin.A_v), self.kept(kin.b_v)
         f = applied_forces(context, t, q, v, terms) + A_v.T @ lam
+        acceleration = A_v @ w - b_v
+        free = self.free(t, q, v, context)
+        if free is not None:
+            acceleration = jnp.where(free[1], lam, acceleration)
         return jnp.concatenate([
             qdot - model.position_rate(t, q, v),
             vdot - w,
             terms.mass_matrix @ w - f,
-            A_v @ w - b_v,
+            acceleration,
         ])

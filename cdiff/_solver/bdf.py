@@ -116,6 +116,8 @@ class _Carry(eqx.Module):
     newton_failures: Array
     t_sing: Array
     x_sing: Array
+    stopped: Array  # at the event's root
+    x_end: Array  # the state there
     save_index: Array
     ts_steps: Any  # loop buffers (equinox.internal.while_loop)
     xs_steps: Any
@@ -160,6 +162,31 @@ def _dense(D, h, order, t_new, tau, K):
 
 _SAMPLES = 8
 _GOLDEN = 30
+_ILLINOIS = 48
+
+
+def _root_along(f, t_a, t_b, f_a, f_b):
+    """The root of a scalar function on `[t_a, t_b]` with `f_a > 0 >= f_b`, by
+    Illinois' regula falsi (a fixed number of iterations, to round-off)."""
+    eps = jnp.finfo(t_a.dtype).eps
+
+    def trial(_, c):
+        lo, hi, f_lo, f_hi, side = c
+        width = hi - lo
+        secant = (lo * f_hi - hi * f_lo) / jnp.where(f_hi < f_lo, f_hi - f_lo, -1.0)
+        t = jnp.clip(secant, lo, hi)
+        done = (width <= 4 * eps * jnp.maximum(jnp.abs(hi), 1.0)) | (f_hi == 0)
+        f_t = f(t)
+        positive = f_t > 0
+        new = (jnp.where(positive, t, lo), jnp.where(positive, hi, t),
+               jnp.where(positive, f_t, jnp.where(side == -1, f_lo / 2, f_lo)),
+               jnp.where(positive, jnp.where(side == 1, f_hi / 2, f_hi), f_t),
+               jnp.where(positive, 1, -1))
+        return jax.tree.map(lambda a, b: jnp.where(done, a, b), c, new)
+
+    _, hi, _, _, _ = jax.lax.fori_loop(0, _ILLINOIS, trial,
+                                       (t_a, t_b, f_a, f_b, jnp.asarray(0)))
+    return hi
 
 
 def _minimum_along(f, t_a, t_b):
@@ -204,6 +231,7 @@ def bdf_solve(
     save_ts,
     max_steps: int,
     monitor: Callable | None = None,
+    event: Callable | None = None,
     forward_mode: bool = False,
 ):
     """Integrate $F(t, x, \\dot x) = 0$ from `t0` to `t1`.
@@ -214,6 +242,11 @@ def bdf_solve(
     - `monitor(t, x)`: optional; the solve stops with `RESULTS.singular_configuration` where it
       falls below 1 along a step (its minimum over the step is located on the
       interpolating polynomial; see `_minimum_along`).
+    - `event(t, x)`: optional, positive at `t0`; the solve ends successfully where
+      it first falls to zero, located on the interpolating polynomial of the step
+      (`_root_along`) and corrected to first order, so that the end time's
+      derivative is the implicit function theorem's (`stats["event"]`: whether it
+      ended there; the state there is the last saved step's, and `x_stop`).
 
     **Returns:** `(ts, xs, result, stats)`: saved times and states (`t0`, `save_ts`,
     accepted steps, `t1`, in that order; unused rows are `inf`), the result code,
@@ -235,7 +268,8 @@ def bdf_solve(
         else jnp.sort(jnp.atleast_1d(jnp.asarray(solver.jump_ts, dtype)))
     )
     # Jumps outside (t0, t1) are never reached; they are moved past t1.
-    t_first = jnp.nextafter(jnp.nextafter(jnp.asarray(t0, dtype), jnp.inf), jnp.inf)
+    t_first = jnp.nextafter(jnp.nextafter(jax.lax.stop_gradient(jnp.asarray(t0, dtype)),
+                                          jnp.inf), jnp.inf)
     jumps = jnp.where((jumps > t_first) & (jumps < t1), jumps, jnp.inf)
     jumps = jnp.sort(jumps)
     n_jumps = jumps.shape[0]
@@ -311,7 +345,9 @@ def bdf_solve(
         active = (t < t1) & (c.result == RESULTS.successful)
         h = jnp.where(lands & active, t_land - t, c.h)
         clipped = h != c.h
-        D = jnp.where(clipped, _change_D(D, order, jax.lax.stop_gradient(h / c.h), K), D)
+        # (The landing step's length is differentiated: it moves with a start time
+        # that does, after an event.)
+        D = jnp.where(clipped, _change_D(D, order, h / c.h, K), D)
         t_new = jnp.where(lands, t_land, t + h)
         rows_k = jnp.arange(K + 3)
         upto = (rows_k <= order)[:, None]
@@ -381,6 +417,35 @@ def bdf_solve(
         else:
             singular = jnp.asarray(False)
             t_sing, x_sing = c.t_sing, c.x_sing
+        stopped = jnp.asarray(False)
+        x_end = x_new
+        if event is not None:
+            def along_event(tau):
+                return event(tau, _dense(D_acc, h_acc, new_order, t_new, tau, K))
+
+            f_new = jax.lax.stop_gradient(along_event(t_new))
+            stopped = accept & (f_new <= 0)
+
+            def locate():
+                D_f, h_f = jax.lax.stop_gradient((D_acc, h_acc))
+
+                def along(tau):
+                    return event(tau, _dense(D_f, h_f, new_order, t_new, tau, K))
+
+                root = jax.lax.stop_gradient(_root_along(along, t, t_new, along(t),
+                                                         f_new))
+                # (The root's value corrected to first order: zero in value, the
+                # implicit function theorem's derivative.)
+                value, rate = jax.jvp(along_event, (root,), (jnp.ones_like(root),))
+                rate = jnp.where(rate < 0, rate, -1.0)
+                t_event = root - (value - jax.lax.stop_gradient(value)) / rate
+                return t_event, _dense(D_acc, h_acc, new_order, t_new, t_event, K)
+
+            t_event, x_event = jax.lax.cond(eqxi.unvmap_any(stopped), locate,
+                                            lambda: (t_new, x_new))
+            t_after = jnp.where(stopped, t_event, t_after)
+            x_end = jnp.where(stopped, x_event, x_new)
+            at_jump = at_jump & ~stopped
         if save_ts is not None:
             dense = _dense(D_acc, h_acc, new_order, t_new, save_ts, K)
             inside = accept & (save_ts > t) & (save_ts <= t_after)
@@ -403,8 +468,8 @@ def bdf_solve(
         if save_steps:
             # Write-once buffers of the loop (no copies of the saved rows per step).
             i = jnp.minimum(save_index, rows - 1)
-            ts_steps = eqxi.buffer_at_set(ts_steps, i, t_new, pred=accept)
-            xs_steps = eqxi.buffer_at_set(xs_steps, i, x_new, pred=accept)
+            ts_steps = eqxi.buffer_at_set(ts_steps, i, t_after, pred=accept)
+            xs_steps = eqxi.buffer_at_set(xs_steps, i, x_end, pred=accept)
             save_index = save_index + accept.astype(save_index.dtype)
         return _Carry(
             t=jnp.where(accept, t_after, t),
@@ -419,6 +484,8 @@ def bdf_solve(
             newton_failures=c.newton_failures + (~converged).astype(c.rejected.dtype),
             t_sing=jnp.where(singular, t_sing, c.t_sing),
             x_sing=jnp.where(singular, x_sing, c.x_sing),
+            stopped=stopped,
+            x_end=jnp.where(stopped, x_end, c.x_end),
             save_index=save_index,
             ts_steps=ts_steps,
             xs_steps=xs_steps,
@@ -426,7 +493,7 @@ def bdf_solve(
         )
 
     def cond(c: _Carry):
-        return (c.t < t1) & (c.result == RESULTS.successful)
+        return (c.t < t1) & (c.result == RESULTS.successful) & ~c.stopped
 
     t0 = jnp.asarray(t0, dtype)
     t1 = jnp.asarray(t1, dtype)
@@ -445,6 +512,8 @@ def bdf_solve(
         newton_failures=jnp.asarray(0),
         t_sing=t0,
         x_sing=x0,
+        stopped=jnp.asarray(False),
+        x_end=x0,
         save_index=jnp.asarray(0),
         ts_steps=jnp.full((rows,), jnp.inf, dtype),
         xs_steps=jnp.full((rows, n), jnp.inf, dtype),
@@ -460,12 +529,14 @@ def bdf_solve(
         kind="lax" if forward_mode else "checkpointed",
     )
     result = RESULTS.where(
-        (final.result == RESULTS.successful) & (final.t < t1),
+        (final.result == RESULTS.successful) & (final.t < t1) & ~final.stopped,
         RESULTS.max_steps_reached,
         final.result,
     )
     stopped_singular = final.result == RESULTS.singular_configuration
     x_stop = jnp.where(stopped_singular, final.x_sing, final.D[0])
+    if event is not None:
+        x_stop = jnp.where(final.stopped, final.x_end, x_stop)
     dense = steps = last = None
     if save_ts is not None:
         ok = jnp.all(jnp.isfinite(final.xs_dense), axis=1)
@@ -486,6 +557,7 @@ def bdf_solve(
         "max_steps": max_steps,
         "t_stop": jnp.where(stopped_singular, final.t_sing, final.t),
         "x_stop": x_stop,
+        "event": final.stopped,
     }
     return saved_ts, saved_xs, result, stats
 

@@ -39,6 +39,7 @@ from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
 from .events import MAX_EVENTS, Events, _with, held_multipliers, release, start_tolerance, take_event
+from .bdf import BDF, bdf_solve
 from .frozen import diffrax_problem, stepsize_tolerances
 from .projected import Projected
 
@@ -154,7 +155,75 @@ class _Carry(NamedTuple):
     done: Bool[Array, ""]
 
 
-def event_diffrax_route(problem: Problem, solver, *, dt0, stepsize_controller,
+class _Segment(NamedTuple):
+    """A segment's solve: where it ended (`t`, `y`), whether at an event, its
+    result, its saved rows (save times or steps) and its step counts."""
+
+    t: Float[Array, ""]
+    y: Any
+    event: Bool[Array, ""]
+    result: Any
+    ts: Float[Array, " n"]
+    ys: Any
+    steps: tuple
+
+
+def _diffrax_segment(solver, stepsize_controller, *, max_steps: int,
+                     save_steps: bool):
+    """A segment by `diffrax.diffeqsolve`, ended by a `diffrax.Event` on the
+    monitor."""
+    solver = stepsize_tolerances(solver, stepsize_controller)
+
+    def segment(prob: Problem, t, y, monitor: _Monitor, save_ts) -> _Segment:
+        eps = jnp.finfo(t.dtype).eps
+        event = diffrax.Event(monitor, Illinois(rtol=4 * eps, atol=8 * eps),
+                              direction=False)
+        terms, fsolver, args = diffrax_problem(prob, solver, prob.dt)
+        subs = [diffrax.SubSaveAt(t1=True)]
+        if save_ts is not None:
+            subs.append(diffrax.SubSaveAt(ts=save_ts))
+        elif save_steps:
+            subs.append(diffrax.SubSaveAt(steps=True))
+        sol = diffrax.diffeqsolve(
+            terms, fsolver, t, prob.t1, prob.dt, y, args=args,
+            saveat=diffrax.SaveAt(subs=subs), stepsize_controller=stepsize_controller,
+            event=event, max_steps=max_steps, throw=False)
+        hit = sol.result == diffrax.RESULTS.event_occurred
+        ok = hit | (sol.result == diffrax.RESULTS.successful)
+        saved = (sol.ts[1], sol.ys[1]) if len(subs) > 1 else (None, None)
+        return _Segment(sol.ts[0][-1], jax.tree.map(lambda x: x[-1], sol.ys[0]), hit,
+                        RESULTS.where(ok, RESULTS.successful,
+                                      RESULTS.promote(sol.result)),
+                        *saved, tuple(sol.stats[k] for k in _STEPS))
+
+    return segment
+
+
+def _bdf_segment(solver: BDF, *, max_steps: int, save_steps: bool):
+    """A segment by cdiff's BDF (a DAE formulation), restarted at order 1 from a
+    consistent state and ended where the monitor falls to zero."""
+
+    def segment(prob: Problem, t, y, monitor: _Monitor, save_ts) -> _Segment:
+        formulation, context = prob.formulation, prob.context
+
+        def singular(t, x):
+            return formulation.monitor(t, x, context)
+
+        ts, xs, result, stats = bdf_solve(
+            lambda t, x, xdot: formulation.residual(t, x, xdot, context),
+            lambda t, x: formulation.consistent(t, x, context), t, prob.t1, y, prob.dt,
+            algebraic=formulation.algebraic, solver=solver, save_t0=False,
+            save_t1=save_ts is None and not save_steps, save_steps=save_steps,
+            save_ts=save_ts, max_steps=max_steps,
+            monitor=singular if formulation.sizes[2] else None,
+            event=lambda t, x: monitor(t, x, None))
+        return _Segment(stats["t_stop"], stats["x_stop"], stats["event"], result, ts,
+                        xs, tuple(stats[k] for k in _STEPS))
+
+    return segment
+
+
+def event_diffrax_route(problem: Problem, solver, *, stepsize_controller,
                         save: tuple[bool, bool, bool], save_ts, max_steps: int,
                         throw: bool) -> Trajectory:
     """Integrate `problem` (whose model is a [`WithUnilateral`][]) by segments of
@@ -162,6 +231,26 @@ def event_diffrax_route(problem: Problem, solver, *, dt0, stepsize_controller,
     [`cdiff.simulate`][] for a model with unilateral rows and a diffrax solver,
     an adaptive step or save times. `save`: `(t0, t1, steps)`; `save_ts`: the save
     times or None."""
+    segment = _diffrax_segment(solver, stepsize_controller, max_steps=max_steps,
+                               save_steps=save[2])
+    projection = solver.projection if type(solver) is Projected else None
+    return _segments(problem, segment, save=save, save_ts=save_ts,
+                     max_steps=max_steps, throw=throw, projection=projection)
+
+
+def event_bdf_route(problem: Problem, solver: BDF, *, save: tuple[bool, bool, bool],
+                    save_ts, max_steps: int, throw: bool) -> Trajectory:
+    """Integrate `problem` (a DAE formulation, whose model is a
+    [`WithUnilateral`][]) by segments of cdiff's BDF between events: the route of
+    [`cdiff.simulate`][] for a model with unilateral rows and [`cdiff.BDF`][]."""
+    segment = _bdf_segment(solver, max_steps=max_steps, save_steps=save[2])
+    return _segments(problem, segment, save=save, save_ts=save_ts,
+                     max_steps=max_steps, throw=throw, projection=None)
+
+
+def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_ts,
+              max_steps: int, throw: bool, projection) -> Trajectory:
+    """The loop of segments (see the module), each solved by `segment`."""
     save_t0, save_t1, save_steps = save
     t0, t1, dt = problem.t0, problem.t1, problem.dt
     y0 = problem.y0
@@ -169,9 +258,6 @@ def event_diffrax_route(problem: Problem, solver, *, dt0, stepsize_controller,
     eps = jnp.finfo(dtype).eps
     active0 = problem.context.model.active
     r = active0.shape[0]
-    projection = solver.projection if type(solver) is Projected else None
-    solver = stepsize_tolerances(solver, stepsize_controller)
-    root_finder = Illinois(rtol=4 * eps, atol=8 * eps)
 
     # The saved rows beyond t0 and t1: save times, or every step (the steps that
     # end at events with the state after the event, as save times there).
@@ -196,23 +282,12 @@ def event_diffrax_route(problem: Problem, solver, *, dt0, stepsize_controller,
         raw = _Monitor(prob, lam_scale, jnp.zeros((), dtype), dt)(c.t, y, None)
         offset = jax.lax.stop_gradient(
             jnp.where(jnp.isfinite(raw), jnp.maximum(-raw, 0.0), 0.0) + 8 * eps)
-        event = diffrax.Event(_Monitor(prob, lam_scale, offset, dt), root_finder,
-                              direction=False)
-        terms, fsolver, args = diffrax_problem(prob, solver, dt)
-        subs = [diffrax.SubSaveAt(t1=True)]
-        if save_ts is not None:  # (those before the segment saved at its start)
-            subs.append(diffrax.SubSaveAt(ts=jnp.clip(save_ts, c.t, t1)))
-        elif save_steps:
-            subs.append(diffrax.SubSaveAt(steps=True))
-        sol = diffrax.diffeqsolve(
-            terms, fsolver, c.t, t1, dt0, y, args=args,
-            saveat=diffrax.SaveAt(subs=subs), stepsize_controller=stepsize_controller,
-            event=event, max_steps=max_steps, throw=False)
-        t_end = sol.ts[0][-1]
-        y_end = jax.tree.map(lambda x: x[-1], sol.ys[0])
-        hit = sol.result == diffrax.RESULTS.event_occurred
-        ok = hit | (sol.result == diffrax.RESULTS.successful)
-        result = RESULTS.where(ok, c.result, RESULTS.promote(sol.result))
+        # (Save times before the segment are saved at its start, and not taken.)
+        seg = segment(prob, c.t, y, _Monitor(prob, lam_scale, offset, dt),
+                      None if save_ts is None else jnp.clip(save_ts, c.t, t1))
+        t_end, y_end, hit = seg.t, seg.y, seg.event
+        ok = seg.result == RESULTS.successful
+        result = RESULTS.where(ok, c.result, seg.result)
 
         # The saved rows this segment wrote.
         ts_out, ys_out, saved_active, filled = c.ts, c.ys, c.saved_active, c.filled
@@ -223,18 +298,17 @@ def event_diffrax_route(problem: Problem, solver, *, dt0, stepsize_controller,
                                             | (~hit & (save_ts <= t_end)))
             ts_out = jnp.where(take, save_ts, ts_out)
             ys_out = jax.tree.map(
-                lambda new, old: jnp.where(_rows(take, new), new, old), sol.ys[1],
-                ys_out)
+                lambda new, old: jnp.where(_rows(take, new), new, old), seg.ys, ys_out)
             saved_active = jnp.where(take[:, None], active, saved_active)
         elif save_steps:
             # Appended after the rows written so far (overflow ends the solve
             # with max_steps_reached).
-            valid = ok & jnp.isfinite(sol.ts[1])
+            valid = ok & jnp.isfinite(seg.ts)
             count = jnp.sum(valid)
             index = jnp.where(valid, filled + jnp.arange(max_steps), n)
-            ts_out = ts_out.at[index].set(sol.ts[1], mode="drop")
+            ts_out = ts_out.at[index].set(seg.ts, mode="drop")
             ys_out = jax.tree.map(lambda out, new: out.at[index].set(new, mode="drop"),
-                                  ys_out, sol.ys[1])
+                                  ys_out, seg.ys)
             saved_active = saved_active.at[index].set(active, mode="drop")
             result = RESULTS.where(filled + count > n,
                                    RESULTS.max_steps_reached, result)
@@ -279,7 +353,7 @@ def event_diffrax_route(problem: Problem, solver, *, dt0, stepsize_controller,
                                         y_end), c.y),
             active=jnp.where(keep, held_next, active),
             e0=jnp.where(keep, e0_next, c.e0), result=result, events=events,
-            steps=tuple(n + sol.stats[k] for n, k in zip(c.steps, _STEPS)),
+            steps=tuple(n + k for n, k in zip(c.steps, seg.steps)),
             ts=ts_out, ys=ys_out,
             saved_active=saved_active, filled=filled,
             done=~running | ~hit | (t_end >= t1))
