@@ -234,8 +234,8 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     Projection, NullSpace, Regularized) with a diffrax solver (cdiff.RK4,
     Projected, any of diffrax's), or a DAE formulation (GGL, IndexOne) with
     cdiff.BDF; the default adjoint, and a `SaveAt` of `t0`, `t1`,
-    `steps` or `ts` (not both of the last two); and that the start is not behind a
-    row."""
+    `steps` or `ts` (not both of the last two). (A start behind a row ends the
+    solve with `RESULTS.penetrating_start`; `penetration_message` names the rows.)"""
     r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
     if len(r) != 1:
         raise ValueError(f"{type(model).__name__}.unilateral(t, q) must return a "
@@ -271,15 +271,17 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
             "q)), whose events and impacts cdiff integrates with an ODE formulation "
             "and a diffrax solver, or GGL or IndexOne with cdiff.BDF; not with "
             + "; ".join(unsupported) + ".")
-    if is_concrete(model, t0, q0):
-        g = np.asarray(model.unilateral(jnp.asarray(t0, q0.dtype), q0))
-        rows = np.flatnonzero(g < -start_tolerance(q0))
-        if rows.size:
-            raise ValueError(
-                f"cdiff.simulate: the initial state violates {name}'s unilateral "
-                f"row(s) {rows.tolist()}: g(t0, q0) = {g[rows].tolist()}, which must "
-                "be >= 0 (a row at contact starts at 0).")
     return r[0]
+
+
+def penetration_message(model, t0, q0) -> str:
+    """What a solve that ended with `RESULTS.penetrating_start` says: the rows
+    behind which `q0` starts, with their values (computed only then)."""
+    g = np.asarray(jax.jit(model.unilateral)(jnp.asarray(t0, q0.dtype), q0))
+    rows = np.flatnonzero(g < -np.asarray(start_tolerance(q0)))
+    return (f"cdiff.simulate: the initial state violates {type(model).__name__}'s "
+            f"unilateral row(s) {rows.tolist()}: g(t0, q0) = {g[rows].tolist()}, which "
+            "must be >= 0 (a row at contact starts at 0).")
 
 
 def check_combination(model, formulation, control, q0, v0, t0) -> None:

@@ -16,6 +16,7 @@ from ._model import AbstractModel, check_model
 from ._checks import (
     check_combination,
     check_unilateral,
+    penetration_message,
     check_divergence,
     check_formulation,
     check_max_steps,
@@ -155,6 +156,7 @@ def simulate(
     check_combination(model, formulation, control, q0, v0, t0)
     unilateral = check_unilateral(model, formulation, solver, stepsize_controller,
                                   saveat, adjoint, control, t0, q0)
+    original_model = model
     if unilateral:
         # Rows held as equalities while active: none at the start (a row at
         # contact and arriving is hit by the first step).
@@ -198,6 +200,8 @@ def simulate(
     if concrete and sol.result in (RESULTS.nonfinite, RESULTS.diverged):
         # A blow-up is often the symptom of constraints that no configuration meets.
         sol = _name_inconsistency(model, sol, throw=throw, start=(times[0], q0))
+    if throw and concrete and sol.result == RESULTS.penetrating_start:
+        raise ValueError(penetration_message(original_model, times[0], q0))
     if throw and concrete and not bool(sol.succeeded):
         if sol.result == RESULTS.nonfinite:
             # Where a run-time check of the model (a mass matrix no longer positive

@@ -101,9 +101,3 @@ def test_gradient_through_an_impact_with_bdf():
     h = 1e-5
     sim_h = (float(run(1.0 + h, 0.5)) - float(run(1.0 - h, 0.5))) / (2 * h)
     np.testing.assert_allclose(g_h, sim_h, rtol=1e-8)
-
-
-def test_bdf_with_an_ode_formulation_is_refused():
-    with pytest.raises(ValueError, match="unilateral row.*BDF with an ODE formulation"):
-        cdiff.simulate(Ball(), cdiff.Lagrange(), jnp.array([1.0]), jnp.array([0.0]),
-                       t1=0.1, dt=1e-2, solver=cdiff.BDF())
