@@ -1,21 +1,27 @@
-r"""Unilateral rows through `diffrax.diffeqsolve`: any diffrax solver and step-size
-controller (adaptive steps), and save times.
+r"""Unilateral rows through `diffrax.diffeqsolve` (any diffrax solver and step-size
+controller, save times) and through cdiff's BDF (the DAE formulations).
 
 The solve is a loop of segments (`equinox.internal.while_loop`, reverse-mode
-differentiable). Each segment is one `diffrax.diffeqsolve` from the last event
-towards `t1`, with the active rows held as equalities, ended by a `diffrax.Event`
-on the *monitor*
+differentiable). Each segment is one solve from the last event towards `t1`, with
+the active rows held as equalities, ended at the first zero of the *monitor*
 
 $$m(t) = \min\Big(\min_{i\ \text{inactive}} \frac{g_i}{s_q},\
 \min_{i\ \text{held}} \frac{\lambda_i}{s_\lambda}\Big) + c,$$
 
 the rows' gaps in units of the configuration's size $s_q = \max(1, \|q\|_\infty)$
 and the held rows' multipliers in units of their size at the segment's start,
-shifted by $c$ (round-off) so that it starts positive. diffrax ends the segment
-where $m$ falls through zero (`direction=False`), located on the last step's dense
-output by Illinois' regula falsi ([`Illinois`][], an optimistix root finder) to
-round-off in $m$; the event time's derivative is the implicit function theorem's
-(optimistix's implicit adjoint). There the event is taken as by cdiff's own loop
+shifted by $c$ (round-off) so that it starts positive.
+
+- `diffrax.diffeqsolve` ends the segment with a `diffrax.Event` on $m$
+  (`direction=False`), located on the last step's dense output by Illinois' regula
+  falsi ([`Illinois`][], an optimistix root finder) to round-off in $m$; the event
+  time's derivative is the implicit function theorem's (optimistix's implicit
+  adjoint).
+- cdiff's BDF (`bdf_solve(..., event=)`) locates it on the step's interpolating
+  polynomial and corrects it to first order; every segment restarts BDF at order 1
+  from the DAE's consistent state.
+
+There the event is taken as by cdiff's own loop
 (`take_event`: impacts, the rest rule, the rows held from there, a release), and
 the next segment starts. A row that would pull at a segment's start is released
 there.
@@ -38,8 +44,9 @@ from jaxtyping import Array, Bool, Float
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
-from .events import MAX_EVENTS, Events, _with, held_multipliers, release, start_tolerance, take_event
 from .bdf import BDF, bdf_solve
+from .events import (MAX_EVENTS, Events, _with, held_multipliers, release,
+                     start_tolerance, take_event)
 from .frozen import diffrax_problem, stepsize_tolerances
 from .projected import Projected
 
@@ -259,9 +266,9 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
     active0 = problem.context.model.active
     r = active0.shape[0]
 
-    # The saved rows beyond t0 and t1: save times, or every step (the steps that
-    # end at events with the state after the event, as save times there).
-    # (Saving steps: each event adds a row, the state before its impact.)
+    # The saved rows beyond t0 and t1: save times, or every step (each event adds
+    # a row: the step that ends there, saved with the state after the event, as a
+    # save time there is).
     n = (save_ts.shape[0] if save_ts is not None
          else max_steps + MAX_EVENTS if save_steps else 0)
 
@@ -353,7 +360,7 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
                                         y_end), c.y),
             active=jnp.where(keep, held_next, active),
             e0=jnp.where(keep, e0_next, c.e0), result=result, events=events,
-            steps=tuple(n + k for n, k in zip(c.steps, seg.steps)),
+            steps=tuple(a + b for a, b in zip(c.steps, seg.steps)),
             ts=ts_out, ys=ys_out,
             saved_active=saved_active, filled=filled,
             done=~running | ~hit | (t_end >= t1))
