@@ -93,19 +93,23 @@ def test_batch_with_adaptive_steps_has_each_members_events(ball_adaptive):
 @pytest.mark.parametrize("name, kw", [
     ("tsit5", dict(solver=diffrax.Tsit5(),
                    stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12))),
+    ("null-space-tsit5", dict(
+        formulation=cdiff.NullSpace(alpha=10.0, dof=1), solver=diffrax.Tsit5(),
+        stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12))),
     ("projected-dopri8", dict(
         solver=cdiff.Projected(diffrax.Dopri8(), cdiff.NewtonProjection()),
         stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12))),
 ])
 def test_pendulum_against_a_wall_with_diffrax_solvers(name, kw):
     """Against SciPy's event location on the angle ODE (tests/test_unilateral.py):
-    impact times to 1e-9 and the energy ratio e^2; with `Projected`, every saved
-    state (steps, and the events' states after their impacts) on the circle to
-    round-off."""
+    impact times to 1e-9 and the energy ratio e^2 (NullSpace takes a new basis at
+    each event); with `Projected`, every saved state (steps, and the events' states
+    after their impacts) on the circle to round-off."""
     theta0 = 0.6
     q0 = jnp.array([np.sin(theta0), -np.cos(theta0)])
-    sol = cdiff.simulate(PendulumAgainstWall(), cdiff.UdwadiaKalaba(), q0, jnp.zeros(2),
-                         t1=3.0, dt=2e-3, **kw)
+    kw = {"formulation": cdiff.UdwadiaKalaba(), **kw}
+    sol = cdiff.simulate(PendulumAgainstWall(), q0=q0, v0=jnp.zeros(2), t1=3.0, dt=2e-3,
+                         **kw)
     assert sol.result == cdiff.RESULTS.successful
     reference = wall_reference(theta0, 1.0, 0.4, 0.6, 3.0, 2)
     ev = sol.stats["events"]
