@@ -11,7 +11,7 @@ import pytest
 
 import cdiff
 from test_unilateral import (GRAVITY, T_RELEASE, Ball, LiftedBall, PendulumAgainstWall,
-                             _ball_height_closed_form, ball_impacts, wall_reference)
+                             _ball_height_derivative, ball_impacts, wall_reference)
 
 PID = diffrax.PIDController(rtol=1e-10, atol=1e-10)
 SAVE_TS = np.linspace(0.0, 2.5, 126)
@@ -153,16 +153,11 @@ def test_gradient_through_an_impact_with_adaptive_steps():
         return sol.q[-1, 0]
 
     g_h, g_e = (float(x) for x in jax.jit(jax.grad(height, argnums=(0, 1)))(1.0, 0.5))
-    eps = 1e-6
-    fd_h = (_ball_height_closed_form(1 + eps, 0.5)
-            - _ball_height_closed_form(1 - eps, 0.5)) / (2 * eps)
-    fd_e = (_ball_height_closed_form(1.0, 0.5 + eps)
-            - _ball_height_closed_form(1.0, 0.5 - eps)) / (2 * eps)
-    np.testing.assert_allclose([g_h, g_e], [fd_h, fd_e], rtol=1e-8)
+    np.testing.assert_allclose([g_h, g_e], _ball_height_derivative(), rtol=1e-8)
 
 
 def test_what_diffrax_cannot_take_is_named():
     with pytest.raises(ValueError, match="unilateral row.*adjoint"):
-        cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([1.0]), jnp.array([0.0]),
-                       t1=0.1, dt=1e-2, solver=diffrax.Tsit5(),
+        cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([1.0]),
+                       jnp.array([0.0]), t1=0.1, dt=1e-2, solver=diffrax.Tsit5(),
                        adjoint=diffrax.ForwardMode())
