@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 import warnings
 
+import diffrax
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -233,7 +234,8 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     solve can enforce them: an ODE formulation (UdwadiaKalaba, Lagrange,
     Projection, NullSpace, Regularized) with a diffrax solver (cdiff.RK4,
     Projected, any of diffrax's), or a DAE formulation (GGL, IndexOne) with
-    cdiff.BDF; the default adjoint, and a `SaveAt` of `t0`, `t1`,
+    cdiff.BDF; the default adjoint (or `diffrax.ForwardMode()`, which
+    `choose_route` takes only on cdiff's own RK4 loop), and a `SaveAt` of `t0`, `t1`,
     `steps` or `ts` (not both of the last two). (A start behind a row ends the
     solve with `RESULTS.penetrating_start`; `penetration_message` names the rows.)"""
     r = jax.eval_shape(model.unilateral, jnp.asarray(t0, q0.dtype), q0).shape
@@ -258,8 +260,9 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     if isinstance(solver, BDF) and not dae:
         unsupported.append("cdiff.BDF with an ODE formulation (BDF takes GGL and "
                            "IndexOne; the ODE formulations take diffrax's solvers)")
-    if adjoint is not None:
-        unsupported.append("an adjoint other than the default")
+    if adjoint is not None and not isinstance(adjoint, diffrax.ForwardMode):
+        unsupported.append("an adjoint other than the default or "
+                           "diffrax.ForwardMode()")
     sub = plain_saveat(saveat)
     if (sub is None or sub.steps not in (0, 1, True, False)
             or (sub.ts is not None and sub.steps)):

@@ -67,6 +67,14 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     - `throw`: whether a mass matrix that is not positive definite raises, or
       returns NaN (see [`cdiff.Context`][]).
     """
+    law = impact_law(model, t, q, v, hit, rtol=rtol, throw=throw)
+    return law(model.restitution if restitution is None else restitution)
+
+
+def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True):
+    """[`cdiff.impact`][] as a function of the restitution: the mass matrix, the
+    constraints' Jacobians and the admissible velocity evaluated once, for
+    several restitutions at the same state (the rest rule of an event)."""
     q = jnp.asarray(q)
     v = jnp.asarray(v, q.dtype)
     mf = checked_mass(model, t, q, throw=throw)[1]
@@ -82,24 +90,30 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     if hit is None:
         hit = g <= 0
     hit = jnp.broadcast_to(jnp.asarray(hit, bool), g.shape)
-    e = model.restitution if restitution is None else restitution
-    e = jnp.broadcast_to(jnp.asarray(e, q.dtype), g.shape)
-    # The change of each row's rate Newton's law asks for.
-    change = -jnp.where(gdot < 0, 1 + e, 1.0) * gdot
 
-    def project(rows):
-        A = jnp.concatenate([A_v, jnp.where(rows[:, None], G, 0.0)])
-        pinv = PseudoInverse(mf.weight(A), rtol)
-        lam = pinv.multipliers(jnp.concatenate([-r_v, jnp.where(rows, change, 0.0)]))
-        return v + mf.unweight(matvec(pinv.C.T, lam)), jnp.where(rows, lam[k:], 0.0)
+    def law(restitution) -> Impact:
+        e = jnp.broadcast_to(jnp.asarray(restitution, q.dtype), g.shape)
+        # The change of each row's rate Newton's law asks for.
+        change = -jnp.where(gdot < 0, 1 + e, 1.0) * gdot
 
-    rows = hit & (gdot < 0)
-    for _ in range(g.shape[0]):
+        def project(rows):
+            A = jnp.concatenate([A_v, jnp.where(rows[:, None], G, 0.0)])
+            pinv = PseudoInverse(mf.weight(A), rtol)
+            lam = pinv.multipliers(jnp.concatenate([-r_v,
+                                                    jnp.where(rows, change, 0.0)]))
+            return v + mf.unweight(matvec(pinv.C.T, lam)), jnp.where(rows, lam[k:], 0.0)
+
+        def update(_, rows):
+            v_new, impulse = project(rows)
+            gdot_new = matvec(G, v_new - v) + gdot
+            return (rows & (impulse >= 0)) | (hit & ~rows & (gdot_new < 0))
+
+        # (A loop, not unrolled: one projection in the compiled program.)
+        rows = jax.lax.fori_loop(0, g.shape[0], update, hit & (gdot < 0))
         v_new, impulse = project(rows)
-        gdot_new = matvec(G, v_new - v) + gdot
-        rows = (rows & (impulse >= 0)) | (hit & ~rows & (gdot_new < 0))
-    v_new, impulse = project(rows)
-    return Impact(v_new, impulse, rows)
+        return Impact(v_new, impulse, rows)
+
+    return law
 
 
 class WithUnilateral(AbstractModel):

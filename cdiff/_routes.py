@@ -71,6 +71,9 @@ class OwnRK4Route(AbstractRoute):
     blocks: tuple[int, int]
     save_ts: Any = None
     plan: SavePlan | None = None
+    # adjoint=diffrax.ForwardMode(): a plain scan, which jax.jvp differentiates
+    # (else reverse mode is the discrete adjoint).
+    forward_mode: bool = False
 
     def __call__(self, problem: Problem):
         grid = UniformGrid.build(problem.t0, problem.t1, problem.dt, self.rows + 1)
@@ -81,7 +84,8 @@ class OwnRK4Route(AbstractRoute):
             save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
             keep_stages=self.steps <= _KEEP_STAGES, throw=self.throw,
             save_ts=save_ts, plan=self.plan, blocks=self.blocks[0],
-            block=self.blocks[1], progress=self.progress)
+            block=self.blocks[1], progress=self.progress,
+            forward_mode=self.forward_mode)
         return dataclasses.replace(trajectory, dt=grid.step, dt_taken=grid.step)
 
 
@@ -94,13 +98,16 @@ class EventRK4Route(AbstractRoute):
     rows: int
     throw: bool
     projection: Any = None  # of cdiff.Projected(cdiff.RK4(), projection)
+    progress: bool = False
+    forward_mode: bool = False  # adjoint=diffrax.ForwardMode(): a plain scan
 
     def __call__(self, problem: Problem):
         grid = UniformGrid.build(problem.t0, problem.t1, problem.dt, self.rows + 1)
         trajectory = event_rk4_route(
             problem, grid.ts, steps=self.steps, save_t0=self.save[0],
             save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
-            throw=self.throw, projection=self.projection)
+            throw=self.throw, projection=self.projection, progress=self.progress,
+            forward_mode=self.forward_mode)
         return dataclasses.replace(trajectory, dt=grid.step, dt_taken=grid.step)
 
 
@@ -115,6 +122,7 @@ class EventDiffraxRoute(AbstractRoute):
     save_ts: Any
     max_steps: int
     throw: bool
+    progress: bool = eqx.field(static=True, default=False, kw_only=True)
 
     def __call__(self, problem: Problem):
         save_ts = (None if self.save_ts is None
@@ -127,7 +135,7 @@ class EventDiffraxRoute(AbstractRoute):
             trajectory = event_diffrax_route(
                 problem, self.solver, stepsize_controller=self.stepsize_controller,
                 save=self.save, save_ts=save_ts, max_steps=self.max_steps,
-                throw=self.throw)
+                throw=self.throw, progress=self.progress)
         constant = (not isinstance(self.solver, BDF) and isinstance(
             self.stepsize_controller, diffrax.ConstantStepSize))
         taken = problem.dt if constant else jnp.asarray(jnp.nan, problem.q0.dtype)
@@ -194,14 +202,17 @@ def _ode_route(solver, stepsize_controller, saveat, adjoint, progress, max_steps
         # mode then keeps a state per block).
         blocks = blocks_of(steps, nested=sub.ts is not None or progress
                            or steps > _CHECKPOINT_EVERY_STEP)
+        forward = isinstance(adjoint, diffrax.ForwardMode)
         if sub.ts is None:
-            return OwnRK4Route(steps, save, max_steps, throw, progress, blocks)
+            return OwnRK4Route(steps, save, max_steps, throw, progress, blocks,
+                               forward_mode=forward)
         if not is_concrete(sub.ts):  # each step interpolates at every time
-            return OwnRK4Route(steps, save, max_steps, throw, progress, blocks, sub.ts)
+            return OwnRK4Route(steps, save, max_steps, throw, progress, blocks, sub.ts,
+                               forward_mode=forward)
         t0, t1, _ = (float(x) for x in times)
         plan = save_plan(np.asarray(sub.ts), t0, t1, steps, *blocks)
         return OwnRK4Route(steps, save, max_steps, throw, progress, blocks,
-                       np.asarray(sub.ts), plan)
+                           np.asarray(sub.ts), plan, forward_mode=forward)
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
     if adjoint is None:
         every_step = constant and max_steps <= _CHECKPOINT_EVERY_STEP
@@ -242,7 +253,8 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
                     times) -> int | None:
     """The number of steps when `simulate` runs its own constant-step RK4 loop
     (`rk4_route`), or None for `diffrax.diffeqsolve`: the default RK4 with a
-    constant step known before tracing, the default adjoint, and a `saveat` of
+    constant step known before tracing, the default adjoint (reverse mode, the
+    discrete adjoint) or `diffrax.ForwardMode()`, and a `saveat` of
     `t0`, `t1`, every step and/or save times `ts` (known before tracing, or up to
     `_TRACED_SAVE_TIMES` traced ones)."""
     sub = plain_saveat(saveat)
@@ -250,7 +262,7 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
         type(solver) is RK4
         and solver.fast_paths
         and isinstance(stepsize_controller, diffrax.ConstantStepSize)
-        and adjoint is None
+        and (adjoint is None or isinstance(adjoint, diffrax.ForwardMode))
         and sub is not None
         and sub.steps in (0, 1, True, False)
         # diffrax puts save times and steps in one buffer in the order of time
@@ -276,16 +288,29 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
         sub = plain_saveat(saveat)
         save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
         if isinstance(solver, BDF):
+            if progress:
+                raise ValueError("cdiff.simulate: progress=True is not supported "
+                                 "with cdiff.BDF")
             return EventDiffraxRoute(solver, None, save, sub.ts, max_steps, throw)
         projected = type(solver) is Projected
         steps = _own_loop_steps(solver.solver if projected else solver,
                                 stepsize_controller, saveat, adjoint, max_steps, times)
         if steps is not None and sub.ts is None:
             return EventRK4Route(steps, save, max_steps, throw,
-                                 solver.projection if projected else None)
+                                 solver.projection if projected else None, progress,
+                                 isinstance(adjoint, diffrax.ForwardMode))
+        if isinstance(adjoint, diffrax.ForwardMode):
+            raise ValueError(
+                "cdiff.simulate: forward-mode differentiation (adjoint="
+                "diffrax.ForwardMode()) of a model with unilateral rows needs cdiff's "
+                "own RK4 loop: solver cdiff.RK4() or cdiff.Projected(cdiff.RK4(), ...), "
+                "a constant dt known before tracing and a SaveAt of t0, t1 and/or "
+                "steps. Reverse mode (the default adjoint; jax.grad, jax.jacrev) "
+                "works on every route.")
         return EventDiffraxRoute(solver, stepsize_controller, save, sub.ts, max_steps,
                                  throw, reschedule=getattr(innermost(solver),
-                                                           "fast_paths", True))
+                                                           "fast_paths", True),
+                                 progress=progress)
     if isinstance(solver, BDF):
         return _bdf_route(solver, saveat, adjoint, progress, max_steps, throw=throw)
     return _ode_route(solver, stepsize_controller, saveat, adjoint, progress,

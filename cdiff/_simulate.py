@@ -100,12 +100,14 @@ def simulate(
       loop state per step and per trajectory; pass
       `diffrax.RecursiveCheckpointAdjoint()` for diffrax's $O(\sqrt{n})$
       checkpoints when that is too much), otherwise diffrax's default. cdiff's own
-      RK4 loop (see `solver`) stores the four stage inputs of each step up to 4096
-      steps (its backward pass then recomputes single stages, not whole steps),
-      one state per step up to 16384, and beyond that one state per block of
-      about $\sqrt{n}$ steps (a block's steps are recomputed from it);
-      `diffrax.ForwardMode()` for `jax.jacfwd` (cdiff's own RK4 loop, see `solver`,
-      also takes `jax.jacfwd` with the default).
+      RK4 loop (see `solver`) stores one state per step up to 16384 steps, and
+      beyond that one state per block of about $\sqrt{n}$ steps (a block's steps
+      are recomputed from it);
+      `diffrax.ForwardMode()` for `jax.jacfwd`. cdiff's own RK4 loop (see
+      `solver`) differentiates in reverse mode by the discrete adjoint: the state
+      kept once per step, and a reverse scan that takes each step's VJP once;
+      with `diffrax.ForwardMode()` it runs as a plain scan, which `jax.jacfwd`
+      (and `jax.grad`) differentiate.
     - `throw`: raise on solver failure (default). With `throw=False` check
       `Solution.result`: a failure is a result code, including the run-time checks
       of the model at the states the solver reaches (a mass matrix that stops being
@@ -193,9 +195,9 @@ def simulate(
             raise
         raise TypeError(
             "cdiff.simulate: forward-mode differentiation (jax.jvp, jax.jacfwd) "
-            "through diffrax's solve needs simulate(..., "
-            "adjoint=diffrax.ForwardMode()); the default adjoint is reverse mode "
-            f"only. ({e})"
+            "needs simulate(..., adjoint=diffrax.ForwardMode()); the default "
+            "adjoint is reverse mode only (cdiff's own RK4 loop: the discrete "
+            f"adjoint). ({e})"
         ) from e
     if concrete and sol.result in (RESULTS.nonfinite, RESULTS.diverged):
         # A blow-up is often the symptom of constraints that no configuration meets.

@@ -299,25 +299,33 @@ def test_own_loop_failure_as_diffrax(save):
 
 
 def test_own_loop_forward_and_reverse_mode_agree(monkeypatch):
-    # Both through the own loop (a lax.scan, checkpointed per step); their agreement
+    # Both through the own loop: reverse mode by the discrete adjoint (default),
+    # forward mode through the plain scan (adjoint=ForwardMode()); their agreement
     # with finite differences is tests/test_gradients.py's subject.
     q0, v0 = MODEL.initial_state()
 
-    def loss(g, length):
+    def loss(g, length, adjoint=None):
         model = cdiff.models.SliderCrank(g=g, l=length)
         sol = cdiff.simulate(model, cdiff.Lagrange(), q0, v0, t1=0.2, dt=0.01,
-                             saveat=cdiff.SaveAt(t1=True))
+                             saveat=cdiff.SaveAt(t1=True), adjoint=adjoint)
         return model.slider(sol.q[-1])
 
+    def plain(g, length):
+        return loss(g, length, diffrax.ForwardMode())
+
     reverse = jax.jit(jax.grad(loss, argnums=(0, 1)))(9.81, 1.0)
-    forward = jax.jit(jax.jacfwd(loss, argnums=(0, 1)))(9.81, 1.0)
+    forward = jax.jit(jax.jacfwd(plain, argnums=(0, 1)))(9.81, 1.0)
     np.testing.assert_allclose(forward, reverse, rtol=5e-16)  # measured 1.4e-16
     assert all(abs(float(x)) > 1e-4 for x in reverse)
-    # Reverse mode storing one state per step (recomputing whole steps) instead of
-    # every stage's input: the same derivative.
-    monkeypatch.setattr(_routes, "_KEEP_STAGES", 0)
-    per_step = jax.jit(jax.grad(loss, argnums=(0, 1)))(9.81, 1.0)
-    np.testing.assert_array_equal(per_step, reverse)  # measured equal
+    # The discrete adjoint against JAX's reverse mode of the plain scan, storing
+    # every stage's input or one state per step: the same derivative.
+    for keep in (4096, 0):
+        monkeypatch.setattr(_routes, "_KEEP_STAGES", keep)
+        scan = jax.jit(jax.grad(plain, argnums=(0, 1)))(9.81, 1.0)
+        np.testing.assert_allclose(scan, reverse, rtol=5e-16)
+    # Forward mode with the default (reverse-mode) adjoint is refused by name.
+    with pytest.raises(TypeError, match="adjoint=diffrax.ForwardMode"):
+        jax.jacfwd(loss)(9.81, 1.0)
 
 
 def test_own_loop_only_for_plain_constant_rk4():
@@ -334,7 +342,9 @@ def test_own_loop_only_for_plain_constant_rk4():
     projected = cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())
     assert steps(projected, constant, plain, None, 10, times) is None
     assert steps(cdiff.RK4(), constant, plain, diffrax.ForwardMode(), 10,
-                 times) is None
+                 times) == 10
+    assert steps(cdiff.RK4(), constant, plain, diffrax.RecursiveCheckpointAdjoint(),
+                 10, times) is None
     assert steps(cdiff.RK4(), constant, cdiff.SaveAt(dense=True), None, 10,
                  times) is None
     assert steps(cdiff.RK4(), constant, cdiff.SaveAt(steps=2), None, 10,

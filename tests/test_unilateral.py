@@ -6,6 +6,7 @@ supported formulation; batches and gradients through an impact."""
 
 import functools
 
+import diffrax
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -255,6 +256,46 @@ def test_gradient_through_an_impact(name):
     np.testing.assert_allclose(g_h, sim_h, rtol=1e-6)
     np.testing.assert_allclose(float(run(1.0, 0.5)), _ball_height_closed_form(1.0, 0.5),
                                rtol=0, atol=1e-12)
+
+
+def test_forward_mode_through_an_impact():
+    """`jax.jacfwd` with `adjoint=diffrax.ForwardMode()` (the event steps in a
+    plain scan) equals reverse mode (the discrete adjoint of the replayed events)
+    to round-off, and the closed form's derivative; forward mode on the segments'
+    route is refused, naming the RK4 loop it needs."""
+    def height(h0, e, **kwargs):
+        sol = cdiff.simulate(Ball(restitution=e), cdiff.UdwadiaKalaba(),
+                             jnp.atleast_1d(h0), jnp.zeros(1), t1=0.8, dt=1e-2,
+                             saveat=cdiff.SaveAt(t1=True), **kwargs)
+        return sol.q[-1, 0]
+
+    forward = jax.jit(jax.jacfwd(functools.partial(
+        height, adjoint=diffrax.ForwardMode()), argnums=(0, 1)))(1.0, 0.5)
+    reverse = jax.jit(jax.grad(height, argnums=(0, 1)))(1.0, 0.5)
+    np.testing.assert_allclose(forward, reverse, rtol=1e-13)
+    np.testing.assert_allclose(forward, _ball_height_derivative(), rtol=1e-8)
+    with pytest.raises(ValueError, match="forward-mode.*own RK4 loop"):
+        height(1.0, 0.5, adjoint=diffrax.ForwardMode(), solver=diffrax.Tsit5())
+
+
+@pytest.mark.parametrize("solver", [None, diffrax.Tsit5()], ids=["rk4", "tsit5"])
+def test_progress_bar_with_rows(capfd, solver):
+    """`progress=True` with unilateral rows, on cdiff's RK4 loop (in blocks) and
+    on the segments of diffrax.diffeqsolve: the same numbers, one bar that
+    reaches 100 % across the impacts."""
+    def run(progress):
+        return cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([1.0]),
+                              jnp.array([0.0]), t1=1.5, dt=1e-2, solver=solver,
+                              saveat=cdiff.SaveAt(t1=True), progress=progress).q[-1]
+
+    quiet = run(False)
+    capfd.readouterr()
+    shown = run(True)
+    err = capfd.readouterr().err
+    # (At rest on the ground after its bounces: q is round-off, 1e-35.)
+    np.testing.assert_allclose(np.asarray(shown), np.asarray(quiet), rtol=0,
+                               atol=1e-15)
+    assert "100.00%" in err and err.count("%|") >= 5, err
 
 
 def test_batch_has_its_own_events():

@@ -49,6 +49,7 @@ from .events import (MAX_EVENTS, Events, _with, held_multipliers, release,
                      start_tolerance, take_event)
 from .frozen import diffrax_problem, stepsize_tolerances
 from .projected import Projected
+from .rk4 import _show_progress
 
 # Segments (one per event, plus the last) per solve.
 MAX_SEGMENTS = 256
@@ -175,13 +176,43 @@ class _Segment(NamedTuple):
     steps: tuple
 
 
+class _SegmentProgress(diffrax.AbstractProgressMeter):
+    """A segment's progress drawn on the solve's bar (`_show_progress`) as a
+    fraction of the whole solve, from `start` (the segment's start) over `span`
+    (what is left of the solve), every 2 % of it."""
+
+    start: Array
+    span: Array
+
+    def init(self):
+        return self.start
+
+    def step(self, state, progress):
+        fraction = self.start + self.span * progress
+
+        def draw():
+            jax.debug.callback(_show_progress, fraction)
+            return fraction
+
+        # (Under vmap, drawn where every trajectory has moved on by 2 %.)
+        moved = eqxi.unvmap_all(fraction - state >= 0.02)
+        return jax.lax.cond(eqxi.nonbatchable(moved), draw, lambda: state + 0 * fraction)
+
+    def close(self, state):
+        del state  # (the route closes the bar after the last segment)
+
+
 def _diffrax_segment(solver, stepsize_controller, *, max_steps: int,
-                     save_steps: bool):
+                     save_steps: bool, progress: bool = False):
     """A segment by `diffrax.diffeqsolve`, ended by a `diffrax.Event` on the
-    monitor."""
+    monitor (with the solve's progress bar where `progress`)."""
     solver = stepsize_tolerances(solver, stepsize_controller)
 
     def segment(prob: Problem, t, y, monitor: _Monitor, save_ts) -> _Segment:
+        meter = diffrax.NoProgressMeter()
+        if progress:
+            length = prob.t1 - prob.t0
+            meter = _SegmentProgress((t - prob.t0) / length, (prob.t1 - t) / length)
         eps = jnp.finfo(t.dtype).eps
         event = diffrax.Event(monitor, Illinois(rtol=4 * eps, atol=8 * eps),
                               direction=False)
@@ -194,7 +225,7 @@ def _diffrax_segment(solver, stepsize_controller, *, max_steps: int,
         sol = diffrax.diffeqsolve(
             terms, fsolver, t, prob.t1, prob.dt, y, args=args,
             saveat=diffrax.SaveAt(subs=subs), stepsize_controller=stepsize_controller,
-            event=event, max_steps=max_steps, throw=False)
+            event=event, max_steps=max_steps, throw=False, progress_meter=meter)
         hit = sol.result == diffrax.RESULTS.event_occurred
         ok = hit | (sol.result == diffrax.RESULTS.successful)
         saved = (sol.ts[1], sol.ys[1]) if len(subs) > 1 else (None, None)
@@ -232,17 +263,20 @@ def _bdf_segment(solver: BDF, *, max_steps: int, save_steps: bool):
 
 def event_diffrax_route(problem: Problem, solver, *, stepsize_controller,
                         save: tuple[bool, bool, bool], save_ts, max_steps: int,
-                        throw: bool) -> Trajectory:
+                        throw: bool, progress: bool = False) -> Trajectory:
     """Integrate `problem` (whose model is a [`WithUnilateral`][]) by segments of
     `diffrax.diffeqsolve` between events (see the module): the route of
     [`cdiff.simulate`][] for a model with unilateral rows and a diffrax solver,
     an adaptive step or save times. `save`: `(t0, t1, steps)`; `save_ts`: the save
-    times or None."""
+    times or None; `progress`: a progress bar over the whole solve."""
     segment = _diffrax_segment(solver, stepsize_controller, max_steps=max_steps,
-                               save_steps=save[2])
+                               save_steps=save[2], progress=progress)
     projection = solver.projection if type(solver) is Projected else None
-    return _segments(problem, segment, save=save, save_ts=save_ts,
-                     max_steps=max_steps, throw=throw, projection=projection)
+    trajectory = _segments(problem, segment, save=save, save_ts=save_ts,
+                           max_steps=max_steps, throw=throw, projection=projection)
+    if progress:  # closes the bar, after the loop (it reads its result)
+        jax.debug.callback(_show_progress, jnp.ones(()), trajectory.ts[-1:])
+    return trajectory
 
 
 def event_bdf_route(problem: Problem, solver: BDF, *, save: tuple[bool, bool, bool],

@@ -26,6 +26,16 @@ Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
    Every row at contact that does not leave it becomes active (stopped by the
    impact, or arrived at zero speed); the energy reference of the formulation is
    reset to the energy after the impact. The sub-steps go on from $t^*$ to $t_b$.
+
+**What a step costs.** A step is first the plain RK4 step with the held rows as
+equalities, and the monitor at its end; where no row crosses and no held row's
+multiplier changes sign, that is the step, and the loop above runs only in a step
+where some trajectory of the batch has an event (`lax.cond`). The loop runs
+without derivatives (`_locate`): it records each change it makes to the state (a
+restart, an accepted sub-step, an event), and `_replay` applies the same changes
+again by the same functions, differentiably, so that reverse mode never goes
+through the loop's trials. Over the steps, reverse mode is the discrete adjoint
+(`adjoint_scan`).
 """
 
 from __future__ import annotations
@@ -38,11 +48,12 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._impact import WithUnilateral, impact, unilateral_rate
+from .._impact import impact_law, unilateral_rate
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, rates, stack_saved
-from .rk4 import rk4_step
+from .adjoint import adjoint_scan, replayed
+from .rk4 import _show_progress, rk4_step
 
 # Sub-steps (detection, location trials, sub-steps after events) within one step.
 MAX_SUBSTEPS = 64
@@ -95,26 +106,6 @@ def start_tolerance(q0):
     return jnp.sqrt(jnp.finfo(q0.dtype).eps) * jnp.maximum(1.0, jnp.max(jnp.abs(q0)))
 
 
-class _Carry(NamedTuple):
-    t: Float[Array, ""]
-    y: tuple
-    active: Bool[Array, " r"]
-    e0: Float[Array, ""]
-    locating: Bool[Array, ""]
-    lo: Float[Array, ""]
-    hi: Float[Array, ""]
-    m_lo: Float[Array, ""]
-    m_hi: Float[Array, ""]
-    side: Array
-    trials: Array
-    done: Bool[Array, ""]
-    events: Events
-    substeps: Array
-    # The held rows' multipliers at the last accepted sub-step's end (inf: not
-    # held); only their signs are read.
-    lam: Float[Array, " r"]
-
-
 def _with(problem: Problem, active, e0) -> Problem:
     return eqx.tree_at(lambda p: (p.context.model.active, p.context.e0), problem,
                        (active, e0))
@@ -157,7 +148,8 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     prob = _with(problem, active, e0)
     g = model.unilateral(t, q)
     hit = ~active & (g <= eps ** 0.75 * scale)
-    first = impact(model, t, q, v, hit, throw=throw)
+    law = impact_law(model, t, q, v, hit, throw=throw)
+    first = law(e)
     # Rest: a bounce too slow to leave for a step becomes plastic.
     y_plus = prob.restart(t, q, first.v)
     frozen = prob.freeze(t, t + dt_rest, y_plus)
@@ -168,8 +160,7 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
         lambda q, v: unilateral_rate(model, t, q, v)[1], (q_plus, v_plus),
         (model.position_rate(t, q_plus, v_plus), vdot))
     rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
-    out = impact(model, t, q, v, hit, restitution=jnp.where(rest, 0.0, e),
-                 throw=throw)
+    out = law(jnp.where(rest, 0.0, e))
     # Every row at contact that does not leave it holds from here: those stopped
     # by the impact, and those that arrived at zero speed.
     _, gdot_out, _ = unilateral_rate(model, t, q, out.v)
@@ -183,21 +174,106 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     return _with(problem, held, e0).restart(t, q, out.v), held, e_after, events
 
 
-def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest,
-               projection=None):
-    """The state at `tb` from `y` at `ta`, with the events between: `(y, active,
-    e0, events, done)`; `done` is False when the sub-steps ran out. `projection`
-    (of [`cdiff.Projected`][]) maps every sub-step's end onto the constraints with
-    the rows held there."""
-    wrapped: WithUnilateral = problem.context.model
-    model = wrapped.model
+class _Op(NamedTuple):
+    """One change of the state in a step's loop of sub-steps (`_locate`), kept so
+    that `_replay` can apply the same changes differentiably: a restart at its
+    start (the held rows checked for release), a sub-step to `t_try` (to `t_step`,
+    where it `moved`) with the rows `active` held, kept where `free`, or ended by
+    an event there (at a release where `releasing`, of the rows `released`)."""
+
+    valid: Bool[Array, ""]
+    restart: Bool[Array, ""]
+    active: Bool[Array, " r"]
+    t_try: Float[Array, ""]
+    t_step: Float[Array, ""]
+    moved: Bool[Array, ""]
+    free: Bool[Array, ""]
+    event: Bool[Array, ""]
+    releasing: Bool[Array, ""]
+    released: Bool[Array, " r"]
+
+
+class _Carry(NamedTuple):
+    t: Float[Array, ""]
+    y: tuple
+    active: Bool[Array, " r"]
+    e0: Float[Array, ""]
+    locating: Bool[Array, ""]
+    lo: Float[Array, ""]
+    hi: Float[Array, ""]
+    m_lo: Float[Array, ""]
+    m_hi: Float[Array, ""]
+    side: Array
+    trials: Array
+    done: Bool[Array, ""]
+    events: Events
+    substeps: Array
+    # The held rows' multipliers at the last accepted sub-step's end (inf: not
+    # held); only their signs are read.
+    lam: Float[Array, " r"]
+    ops: Array
+    tape: _Op
+
+
+def _gap(model, t, q, active):
+    """The monitor of the inactive rows, min g_i (inf if none), and the rows."""
+    g = model.unilateral(t, q)
+    return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
+
+
+def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection):
+    """An RK4 sub-step from `(t, y)` to `t_step` with the rows `active` held (and
+    `projection` after it), or `y` where it has not `moved`."""
+    prob = _with(problem, active, e0)
+    y_try, _, _ = rk4_step(prob.rate, prob.freeze, prob.end_step, t, t_step, y)
+    if projection is not None:
+        y_try = prob.formulation.project(t_step, y_try, prob.context, projection)
+    return jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, y)
+
+
+def _event_at(problem: Problem, t_try, y_try, active, releasing, released, e0,
+              events: Events, *, record, dt_rest, derivative: bool = True):
+    """The event located at the trial `(t_try, y_try)`: the state corrected to
+    first order to the monitor's root (none at a release), then `take_event`.
+    Returns `(t_e, y, held, e0, events)`. The correction is zero in value and
+    carries the event time's derivative: without `derivative` (`_locate`) it is
+    left out, and so is the evaluation of the dynamics it needs."""
+    model = problem.context.model.model
+    prob = _with(problem, active, e0)
+    q_try, v_try = prob.coordinates(t_try, y_try)
+    m_gap, g_try = _gap(model, t_try, q_try, active)
+    # First-order correction to the root (the implicit derivative).
+    i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
+    _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
+    mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
+    # (None at a release: the constraint force is zero there, so the motion is
+    # smooth across it.)
+    delta = jnp.where(releasing, 0.0, -(m_gap - jax.lax.stop_gradient(m_gap)) / mdot)
+    # (delta is zero in value: the rates at the trial matter only for the
+    # derivative.)
+    q_e, v_e, t_e = q_try, v_try, t_try
+    if derivative:
+        frozen = prob.freeze(t_try, t_try + dt_rest, y_try)
+        dyn = prob.formulation.dynamics(t_try, y_try, prob.context, frozen)
+        _, vdot = rates(prob.formulation, prob.context, t_try, y_try, dyn)
+        q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
+        v_e = v_try + delta * vdot
+        t_e = t_try + delta
+    y_after, held, e_after, events = take_event(
+        problem, t_e, q_e, v_e, active, released, e0, events, record=record,
+        dt_rest=dt_rest)
+    return t_e, y_after, held, e_after, events
+
+
+def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
+            projection) -> _Carry:
+    """The loop of sub-steps of a step from `ta` to `tb` with events (see the
+    module's docstring), without derivatives: its state at the end, and the
+    changes it made to the state (`_Carry.tape`, for `_replay`)."""
+    model = problem.context.model.model
     r = active.shape[0]
     dtype = ta.dtype
     eps = jnp.finfo(dtype).eps
-
-    def gap(t, q, active):
-        g = model.unilateral(t, q)
-        return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
     def pulls(t, y, active, e0):
         return held_multipliers(problem, t, y, active, e0, dt_rest=dt_rest)
@@ -206,36 +282,31 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         # (The step's first sub-step starts from the previous step's end, where the
         # release was checked.)
         check = jnp.any(c.active) & ~c.locating & (c.substeps > 0)
+        restart = eqxi.unvmap_any(check)
         active, y = jax.lax.cond(
-            eqxi.unvmap_any(check),
+            restart,
             lambda c: release(problem, c.t, c.y, c.active, c.e0, jnp.where(
                 check, pulls(c.t, c.y, c.active, c.e0), jnp.inf)),
             lambda c: (c.active, c.y), c)
         c = c._replace(y=y)
-        prob = _with(problem, active, c.e0)
         # Illinois' trial point in the bracket, or the end of the step.
         denominator = jnp.where(c.locating, c.m_hi - c.m_lo, -1.0)
         secant = (c.lo * c.m_hi - c.hi * c.m_lo) / denominator
-        t_try = jax.lax.stop_gradient(jnp.where(c.locating, jnp.clip(secant, c.lo, c.hi),
-                                                tb))
+        t_try = jnp.where(c.locating, jnp.clip(secant, c.lo, c.hi), tb)
         # A trial at the sub-step's start (a row at contact there) is its state: no
         # step of size zero, which a formulation's per-step data may divide by.
         moved = t_try > c.t
         t_step = jnp.where(moved, t_try, tb)
-        y_try, _, _ = rk4_step(prob.rate, prob.freeze, prob.end_step, c.t, t_step,
-                               c.y)
-        if projection is not None:
-            y_try = prob.formulation.project(t_step, y_try, prob.context, projection)
-        y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, c.y)
-        q_try, v_try = prob.coordinates(t_try, y_try)
-        m_start, _ = gap(c.t, c.y[0], active)
-        m_gap, g_try = gap(t_try, q_try, active)
+        y_try = _sub_step(problem, c.t, t_step, c.y, active, c.e0, moved, projection)
+        q_try, _ = _with(problem, active, c.e0).coordinates(t_try, y_try)
+        m_start, _ = _gap(model, c.t, c.y[0], active)
+        m_gap, _ = _gap(model, t_try, q_try, active)
         # The held rows' multipliers: a sign change is a release inside the step.
         # (At the sub-step's start they push: rows that would pull were released.)
         lam_try = jax.lax.cond(eqxi.unvmap_any(jnp.any(active)),
                                lambda: pulls(t_try, y_try, active, c.e0),
                                lambda: jnp.full(r, jnp.inf, dtype))
-        m_lam = jax.lax.stop_gradient(jnp.min(lam_try, initial=jnp.inf))
+        m_lam = jnp.min(lam_try, initial=jnp.inf)
         releasing = m_lam < m_gap
         m_try = jnp.minimum(m_gap, m_lam)
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q_try)))
@@ -249,41 +320,19 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         # Locating: Illinois' update, or the event when converged.
         feasible = m_try >= 0
         width = c.hi - c.lo
-        converged = c.locating & ((jnp.abs(m_try) <= tol)
-                                  | (width <= 4 * eps * jnp.abs(c.hi))
-                                  | (c.trials >= _MAX_TRIALS))
-        event = converged
-
-        def at_event(_):
-            # First-order correction to the root (the implicit derivative).
-            i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
-            _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
-            mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
-            # (None at a release: the constraint force is zero there, so the motion
-            # is smooth across it.)
-            delta = jnp.where(releasing, 0.0,
-                              -(m_gap - jax.lax.stop_gradient(m_gap)) / mdot)
-            # (delta is zero in value: the rates at the trial matter only for the
-            # derivative.)
-            frozen = prob.freeze(t_try, t_try + dt_rest, y_try)
-            dyn = prob.formulation.dynamics(t_try, y_try, prob.context, frozen)
-            _, vdot = rates(prob.formulation, prob.context, t_try, y_try, dyn)
-            q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
-            v_e = v_try + delta * vdot
-            t_e = t_try + delta
-            # A release: the held rows whose multiplier reached zero.
-            released = releasing & active & (lam_try <= tol)
-            y_after, held, e_after, events = take_event(
-                problem, t_e, q_e, v_e, active, released, c.e0, c.events,
-                record=event, dt_rest=dt_rest)
-            return (t_e, y_after, held, e_after, events)
-
-        def no_event(_):
-            return (t_try, y_try, active, c.e0, c.events)
+        event = c.locating & ((jnp.abs(m_try) <= tol)
+                              | (width <= 4 * eps * jnp.abs(c.hi))
+                              | (c.trials >= _MAX_TRIALS))
+        # A release: the held rows whose multiplier reached zero.
+        released = releasing & active & (lam_try <= tol)
 
         # Computed only where some trajectory of the batch has an event.
         t_e, y_e, held, e_after, events = jax.lax.cond(
-            eqxi.unvmap_any(event), at_event, no_event, None)
+            eqxi.unvmap_any(event),
+            lambda: _event_at(problem, t_try, y_try, active, releasing, released,
+                              c.e0, c.events, record=event, dt_rest=dt_rest,
+                              derivative=False),
+            lambda: (t_try, y_try, active, c.e0, c.events))
 
         accept_free = ~c.locating & ~crossed
         t_new = jnp.where(event, t_e, jnp.where(accept_free, t_try, c.t))
@@ -306,11 +355,15 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         side = jnp.where(start_locating, 0, jnp.where(feasible, 1, -1))
         locating = jnp.where(start_locating, True, c.locating & ~event)
         keep = c.locating | start_locating
-        # The bracket only steers the trial times, which carry no derivative:
-        # without one, reverse mode finds the loop's differentiated carry in one
-        # pass fewer.
-        lo, hi, m_lo, m_hi = (jax.lax.stop_gradient(jnp.where(keep, a, b)) for a, b in
+        lo, hi, m_lo, m_hi = (jnp.where(keep, a, b) for a, b in
                               zip((lo, hi, m_lo, m_hi), (c.lo, c.hi, c.m_lo, c.m_hi)))
+        # The change this iteration made, for the replay.
+        changed = restart | accept_free | event
+        op = _Op(changed, restart, active, t_try, t_step, moved, accept_free, event,
+                 releasing, released)
+        i = jnp.minimum(c.ops, MAX_SUBSTEPS - 1)
+        tape = jax.tree.map(lambda buf, x: buf.at[i].set(jnp.where(changed, x, buf[i])),
+                            c.tape, op)
         return _Carry(
             t=t_new, y=y_new, active=active_new,
             e0=jnp.where(event, e_after, c.e0), locating=locating,
@@ -319,15 +372,131 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             done=accept_free,
             events=events,
             substeps=c.substeps + 1,
-            lam=jax.lax.stop_gradient(jnp.where(accept_free, lam_try, c.lam)))
+            lam=jnp.where(accept_free, lam_try, c.lam),
+            ops=c.ops + changed.astype(c.ops.dtype), tape=tape)
 
+    return jax.lax.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body,
+                              _initial(problem, ta, y, active, e0))
+
+
+def _initial(problem: Problem, ta, y, active, e0) -> _Carry:
+    """The loop's carry at the step's start (no change recorded)."""
+    r = active.shape[0]
+    dtype = ta.dtype
     zero = jnp.zeros((), dtype)
+    false = jnp.asarray(False)
+    n = MAX_SUBSTEPS
+    tape = _Op(jnp.zeros(n, bool), jnp.zeros(n, bool), jnp.zeros((n, r), bool),
+               jnp.zeros(n, dtype), jnp.zeros(n, dtype), jnp.zeros(n, bool),
+               jnp.zeros(n, bool), jnp.zeros(n, bool), jnp.zeros(n, bool),
+               jnp.zeros((n, r), bool))
     step_events = Events.empty(*problem.coordinates(ta, y), r, _STEP_EVENTS)
-    init = _Carry(ta, y, active, e0, jnp.asarray(False), zero, zero, zero, zero,
-                  jnp.asarray(0), jnp.asarray(0), jnp.asarray(False), step_events,
-                  jnp.asarray(0), jnp.full(r, jnp.inf, dtype))
-    final = eqxi.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body, init,
-                            max_steps=MAX_SUBSTEPS, kind="checkpointed")
+    return _Carry(ta, y, active, e0, false, zero, zero, zero, zero,
+                  jnp.asarray(0), jnp.asarray(0), false, step_events,
+                  jnp.asarray(0), jnp.full(r, jnp.inf, dtype), jnp.asarray(0), tape)
+
+
+def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
+    """The change `op` recorded by `_locate`, applied to `(t, y, e0, events)` by
+    the same functions: differentiable (the trial times carry no derivative; an
+    event's time carries the implicit function theorem's through `_event_at`)."""
+
+    def apply(carry):
+        t, y, e0, events = carry
+        prob = _with(problem, op.active, e0)
+        y = jax.lax.cond(
+            eqxi.unvmap_any(op.restart),
+            lambda: jax.tree.map(lambda a, b: jnp.where(op.restart, a, b),
+                                 prob.restart(t, *prob.coordinates(t, y)), y),
+            lambda: y)
+        y_try = _sub_step(problem, t, op.t_step, y, op.active, e0, op.moved, projection)
+        t_e, y_e, _, e_after, events = jax.lax.cond(
+            eqxi.unvmap_any(op.event),
+            lambda: _event_at(problem, op.t_try, y_try, op.active, op.releasing,
+                              op.released, e0, events, record=op.event,
+                              dt_rest=dt_rest),
+            lambda: (op.t_try, y_try, op.active, e0, events))
+        t_new = jnp.where(op.event, t_e, jnp.where(op.free, op.t_try, t))
+        y_new = jax.tree.map(
+            lambda ev, fr, old: jnp.where(op.event, ev, jnp.where(op.free, fr, old)),
+            y_e, y_try, y)
+        return t_new, y_new, jnp.where(op.event, e_after, e0), events
+
+    keep = jax.lax.cond(eqxi.unvmap_any(op.valid), apply, lambda c: c, carry)
+    return jax.tree.map(lambda a, b: jnp.where(op.valid, a, b), keep, carry), None
+
+
+@eqx.filter_custom_jvp
+def _located(problem, ta, tb, y, active, e0, dt_rest, projection):
+    """`_locate`, whose result carries no derivative (the trial times do not, and
+    the state's derivative is `_replay`'s)."""
+    return _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
+                   projection=projection)
+
+
+@_located.def_jvp
+def _located_jvp(primals, tangents):
+    del tangents
+    out = _located(*primals)
+    return out, jax.tree.map(
+        lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out)
+
+
+def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest,
+               projection=None, forward_mode: bool = False):
+    """The state at `tb` from `y` at `ta`, with the events between: `(y, active,
+    e0, events, done)`; `done` is False when the sub-steps ran out. `projection`
+    (of [`cdiff.Projected`][]) maps every sub-step's end onto the constraints with
+    the rows held there.
+
+    The step is first taken as a plain RK4 step with the held rows as equalities,
+    with the monitor at its end. Where no row is crossed and no held row's
+    multiplier changes sign, that is the step. Only where some trajectory of the
+    batch has an event does the loop of sub-steps run (`_locate`, without
+    derivatives, from the step's start), and the changes it made are applied
+    again by `_replay`, differentiably: reverse mode never goes through the
+    loop of trials, and a step without events is differentiated as a plain step."""
+    model = problem.context.model.model
+    r = active.shape[0]
+    dtype = ta.dtype
+
+    prob = _with(problem, active, e0)
+    y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True), projection)
+    m_start, _ = _gap(model, ta, y[0], active)
+    m_gap, _ = _gap(model, tb, prob.coordinates(tb, y1)[0], active)
+    lam1 = jax.lax.stop_gradient(jax.lax.cond(
+        eqxi.unvmap_any(jnp.any(active)),
+        lambda: held_multipliers(problem, tb, y1, active, e0, dt_rest=dt_rest),
+        lambda: jnp.full(r, jnp.inf, dtype)))
+    m_end = jnp.minimum(m_gap, jnp.min(lam1, initial=jnp.inf))
+    has_event = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
+    init = _initial(problem, ta, y, active, e0)
+
+    def with_events(init: _Carry) -> _Carry:
+        if forward_mode:
+            located = _located(problem, ta, tb, init.y, active, init.e0, dt_rest,
+                               projection)
+            (t, y, e0, events), _ = jax.lax.scan(
+                lambda c, op: _replay(problem, dt_rest, projection, c, op),
+                (ta, init.y, init.e0, init.events), located.tape)
+            return located._replace(t=t, y=y, e0=e0, events=events)
+
+        def locate(y, e0):
+            return _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
+                           projection=projection)
+
+        def replay(y, e0, tape):
+            (t, y, e0, events), _ = adjoint_scan(
+                lambda c, op: _replay(problem, dt_rest, projection, c, op),
+                (ta, y, e0, init.events), tape)
+            return t, y, e0, events
+
+        return replayed(locate, replay, init.y, init.e0)
+
+    plain = init._replace(t=tb, y=y1, done=jnp.asarray(True),
+                          substeps=jnp.asarray(1), lam=lam1)
+    final = jax.lax.cond(eqxi.unvmap_any(has_event), with_events, lambda init: plain,
+                         init)
     # A held row that pulls at the step's end (round-off the monitor let pass) is
     # released there, so that the active set saved with the state holds only rows
     # that push. Its multipliers are the last accepted sub-step's.
@@ -353,20 +522,23 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
                     save_steps: bool, save_t1: bool, rows: int, throw: bool,
-                    projection=None) -> Trajectory:
+                    projection=None, forward_mode: bool = False,
+                    progress: bool = False) -> Trajectory:
     """Integrate `problem` (whose model is a [`WithUnilateral`][]) on the step times
     `grid_ts` by `event_step` (with `projection` after every sub-step, for
     [`cdiff.Projected`][]): the route of [`cdiff.simulate`][] for a model with
-    unilateral rows."""
+    unilateral rows. `forward_mode`: the steps in a plain `scan` (which `jax.jvp`
+    differentiates) instead of the discrete adjoint; `progress`: a progress bar,
+    drawn about 20 times during the solve."""
     dt = grid_ts[1] - grid_ts[0]
 
     def body(carry, ts):
         y, active, e0, result, events = carry
         ta, tb = ts
         running = result == RESULTS.successful
-        y1, active1, e01, events1, done = event_step(problem, ta, tb, y, active, e0,
-                                                     events, dt_rest=dt,
-                                                     projection=projection)
+        y1, active1, e01, events1, done = event_step(
+            problem, ta, tb, y, active, e0, events, dt_rest=dt, projection=projection,
+            forward_mode=forward_mode)
         result = RESULTS.where(running & ~done, RESULTS.event_limit, result)
         keep = running & done
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
@@ -386,8 +558,12 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     init = (y0, active0, problem.context.e0, start,
             Events.empty(*problem.coordinates(grid_ts[0], y0), active0.shape[0]))
     xs = (grid_ts[:steps], grid_ts[1:steps + 1])
-    (y, active, _, result, events), (step_rows, step_active) = jax.lax.scan(
-        body, init, xs)
+    scan = jax.lax.scan if forward_mode else adjoint_scan
+    if not progress:
+        (y, active, _, result, events), (step_rows, step_active) = scan(body, init, xs)
+    else:
+        (y, active, _, result, events), (step_rows, step_active) = _in_blocks(
+            scan, body, init, xs, dt)
     if save_steps and rows > steps:
         def pad(x, fill):
             return jnp.concatenate([x, jnp.full((rows - steps,) + x.shape[1:], fill,
@@ -410,3 +586,31 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     stats = dict(max_steps=rows, num_steps=taken, num_accepted_steps=taken,
                  num_rejected_steps=jnp.zeros_like(taken), events=events)
     return Trajectory(ts, ys, result, stats, active=saved_active)
+
+
+def _in_blocks(scan, body, init, xs, dt, bars: int = 20):
+    """`scan(body, init, xs)` over the steps in about `bars` blocks, the progress
+    bar drawn after each (a host callback between blocks, none inside the steps,
+    whose discrete adjoint would call it again). The last block is filled with
+    steps beyond the end (from `t1` on, discarded), so that every block has the
+    same length."""
+    steps = xs[0].shape[0]
+    block = -(-steps // bars)
+    blocks = -(-steps // block)
+    pad = blocks * block - steps
+    ta, tb = xs
+    extra = tb[-1] + dt * jnp.arange(pad + 1, dtype=tb.dtype)
+    split = [jnp.concatenate([x, e]).reshape(blocks, block)
+             for x, e in ((ta, extra[:-1]), (tb, extra[1:]))]
+    import tqdm.auto  # noqa: F401  (now, not by the first callback during the run)
+
+    def run_block(carry, block_xs):
+        number, ts = block_xs
+        carry, out = scan(body, carry, ts)
+        jax.debug.callback(_show_progress, (number + 1) / blocks)
+        return carry, out
+
+    carry, out = jax.lax.scan(run_block, init, (jnp.arange(blocks), tuple(split)))
+    jax.debug.callback(_show_progress, jnp.ones(()), carry[3])
+    return carry, jax.tree.map(
+        lambda x: x.reshape(blocks * block, *x.shape[2:])[:steps], out)

@@ -17,6 +17,7 @@ from diffrax._local_interpolation import ThirdOrderHermitePolynomialInterpolatio
 
 from .._problem import Problem
 from .._solution import Trajectory, stack_saved
+from .adjoint import adjoint_scan
 from .frozen import all_finite
 
 _rk4_tableau = diffrax.ButcherTableau(
@@ -208,7 +209,7 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
               save_steps: bool, save_t1: bool, rows: int, keep_stages: bool = False,
               save_ts=None, plan: SavePlan | None = None, blocks: int = 1,
               block: int | None = None, progress: bool = False,
-              rate_and_freeze=None):
+              rate_and_freeze=None, forward_mode: bool = False):
     r"""Constant-step RK4 in `jax.lax.scan`s: what `diffrax.diffeqsolve` does with
     [`RK4`][], `FrozenStep` and a constant step, without its general machinery
     (the buffer of all stages, the adaptive step loop, dense output). Used by
@@ -238,11 +239,14 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
     - `progress`: a progress bar (tqdm, as diffrax's `TqdmProgressMeter` draws
       it), updated between blocks (about 20 times) with the slowest trajectory's
       share of steps, by one host callback for a whole `vmap`ped batch.
-    - `keep_stages`: what reverse mode stores. False: the state once per step, and
-      the backward pass recomputes the step's stages (as
-      `diffrax.RecursiveCheckpointAdjoint` with one checkpoint per step). True: the
-      four stage inputs of every step (about three times the memory), and it
-      recomputes only each stage for its derivative, not whole steps.
+    - `forward_mode`: the steps in a plain `jax.lax.scan`, which `jax.jvp`
+      differentiates. Otherwise (default) reverse mode is the discrete adjoint
+      (`adjoint_scan`): the state kept once per step, each step's VJP taken once
+      in a reverse scan.
+    - `keep_stages` (with `forward_mode`): what reverse mode of the plain scan
+      stores. False: the state once per step, and the backward pass recomputes
+      the step's stages (as `diffrax.RecursiveCheckpointAdjoint` with one
+      checkpoint per step). True: the four stage inputs of every step.
 
     A step that ends in a non-finite state stops the solve with
     `RESULTS.nonfinite`, as in diffrax: it and the time it reached are saved (the
@@ -301,8 +305,9 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
         return (y, result, last, taken), out
 
     long = steps > CHECKPOINT_EVERY_STEP
-    if not keep_stages:
+    if forward_mode and not keep_stages:
         body = jax.checkpoint(body, prevent_cse=False)
+    scan = jax.lax.scan if forward_mode else adjoint_scan
 
     # Step times, padded with copies of the last step (finite work whose results
     # are discarded), and what each step saves.
@@ -323,13 +328,13 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
             (ts[0], y0))
 
     if blocks == 1 and not progress and not interpolate and not traced_ts:
-        carry, out = jax.lax.scan(body, init, xs)
+        carry, out = scan(body, init, xs)
         out = jax.tree.map(lambda x: x[None], out)
     else:
         def run_block(carry, block_xs):
             carry, saved = carry
             (step_xs, select), number = block_xs
-            carry, out = jax.lax.scan(body, carry, step_xs)
+            carry, out = scan(body, carry, step_xs)
             if interpolate:  # the block's rows of save times
                 out["ts"] = jax.tree.map(
                     lambda x: x.reshape(block * x.shape[1], *x.shape[2:])[select],
@@ -398,7 +403,7 @@ def rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
               save_steps: bool, save_t1: bool, rows: int, keep_stages: bool,
               throw: bool, save_ts=None, plan: SavePlan | None = None,
               blocks: int = 1, block: int | None = None,
-              progress: bool = False) -> Trajectory:
+              progress: bool = False, forward_mode: bool = False) -> Trajectory:
     """Integrate `problem` by [`rk4_solve`][] on the step times `grid_ts`: the route
     of [`cdiff.simulate`][] for constant-step RK4 known before tracing."""
     ts, ys, result, taken = rk4_solve(
@@ -408,6 +413,7 @@ def rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         blocks=blocks, block=block, progress=progress,
         rate_and_freeze=(problem.rate_and_freeze
                          if problem.freezes_at_first_stage else None),
+        forward_mode=forward_mode,
     )
     if throw:
         ts = result.error_if(ts, result != diffrax.RESULTS.successful)
