@@ -49,6 +49,7 @@ from ._solver.projected import Projected as Projected
 from ._solver.rk4 import RK4 as RK4
 from ._compiler import compiler_options as compiler_options
 from ._cache import use_compilation_cache as use_compilation_cache
+from ._export import cached_jit as cached_jit
 
 #: Former names: `DAEResults` (when only `cdiff.BDF` had codes of its own), the
 #: state-feedback interface (with its siblings in `cdiff.control` now).
@@ -78,7 +79,7 @@ __all__ = [
     "AbstractProjection", "BDF", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "Impact", "IndexOne",
     "Kinematics", "Lagrange", "NewtonProjection", "NullSpace", "Projected",
     "Projection", "RESULTS", "RK4", "Regularized", "SaveAt", "Sketch", "Solution",
-    "Terms", "UdwadiaKalaba", "analysis", "animate", "compiler_options",
+    "Terms", "UdwadiaKalaba", "analysis", "animate", "cached_jit", "compiler_options",
     "consistent_state", "control", "impact", "kinematics", "models", "simulate", "studies",
     "use_compilation_cache",
 ]

@@ -544,16 +544,18 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
     else:
         solver = None
     formulation = formulation.bind(model, t0, q0, v0)
-    simulate = eqx.filter_jit(
+    # With the compilation cache on, a later run of the same model and settings
+    # loads the traced program as well as XLA's (cdiff.cached_jit); a progress bar
+    # is a host callback, which only a plain jit can compile.
+    simulate = cdiff.cached_jit(
         functools.partial(cdiff.simulate, t0=t0, t1=t1, dt=dt, progress=progress,
-                          throw=False, solver=solver)
-    )
+                          throw=False, solver=solver),
+        compiler_options=cdiff.compiler_options())
     method = (f"BDF, rtol {solver.rtol:g}, atol {solver.atol:g}" if dae
               else f"{'RK4' if solver is None else solver}, dt {dt:g} s")
     phases.start("compile", f"compiling the solve ({args.formulation}, {method}; "
                  "JAX compiles once per run)")
-    compiled = simulate.lower(model, formulation, q0, v0).compile(
-        cdiff.compiler_options())
+    compiled = simulate.compile(model, formulation, q0, v0)
     phases.start("run", f"running from t = {t0:g} to {t1:g} s" + (
         " (adaptive steps)" if dae else
         f" ({math.ceil((t1 - t0) / dt - 1e-9):,} steps)"))
@@ -677,6 +679,9 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
         "dtype": np.dtype(dtype).name,
         "steps": steps,
         "compile_time_s": compile_time,
+        # Where the compiled solve came from: "disk" (the cache: nothing traced
+        # or compiled), "exported" (traced now and stored) or "jit" (not stored).
+        "program_source": compiled.source,
         "run_time_s": run_time,
         "reference_time_s": phases.times.get("reference"),
         "result": sol.message,

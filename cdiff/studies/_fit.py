@@ -11,6 +11,9 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from .._compiler import compiler_options
+from .._export import cached_jit
+
 
 class Fit(eqx.Module):
     """The result of [`cdiff.studies.tune`][] and [`cdiff.studies.identify`][].
@@ -45,7 +48,11 @@ def tune(
     are fields; `loss` runs [`cdiff.simulate`][] with it and returns a scalar (for
     example a tracking error). The gradient is taken through the whole simulation
     (reverse mode; see `simulate`'s `adjoint`). One optimiser step is compiled once
-    and reused.
+    and reused; with [`cdiff.use_compilation_cache`][] on, a later process with the
+    same loss, structure of `params` and optimiser loads it instead of tracing and
+    compiling it again ([`cdiff.cached_jit`][]; a loss whose program has host
+    callbacks, such as `simulate`'s default `throw=True`, is traced and compiled
+    by each process).
 
     **Arguments:**
 
@@ -92,7 +99,8 @@ def tune(
     with jax.numpy_dtype_promotion("standard"):
         state = optimizer.init(free)
 
-    @eqx.filter_jit
+    # Compiled once; with `cdiff.use_compilation_cache` on, a later process with
+    # the same loss, parameters' structure and optimiser loads it (cached_jit).
     def step(free, state):
         value, grads = eqx.filter_value_and_grad(
             lambda f: loss(eqx.combine(f, fixed))
@@ -106,6 +114,7 @@ def tune(
         )
         return eqx.apply_updates(free, updates), state, value, finite
 
+    step = cached_jit(step, compiler_options=compiler_options())
     history = []
     bar = _progress(steps, progress, "tune")
     try:
