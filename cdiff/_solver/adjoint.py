@@ -30,13 +30,23 @@ import jax
 import jax.numpy as jnp
 
 
-def adjoint_scan(step, init, xs):
+def adjoint_scan(step, init, xs, *, apply=None):
     """`jax.lax.scan(step, init, xs)`, differentiated in reverse mode by the
     discrete adjoint (see the module's docstring). `xs` must have a leading axis
-    (no `length=`)."""
+    (no `length=`).
+
+    With `apply`, a step is searched once and differentiated as it is applied:
+    `step(c, x)` returns `(c', y, saved)`, and is not differentiated;
+    `apply(c, x, saved)` returns the same `(c', y)` (to round-off) by
+    differentiable operations. The forward pass keeps `saved` with each step's
+    input, and the backward pass takes the VJPs of `apply`: a search (the loop
+    that locates an event, say) runs once, and only in the forward pass."""
     x0 = jax.tree.map(lambda x: x[0], xs)
     closed = eqx.filter_closure_convert(step, init, x0)
-    out = _scan((closed, init, xs))
+    if apply is not None:
+        saved = jax.eval_shape(closed, init, x0)[2]
+        apply = eqx.filter_closure_convert(apply, init, x0, saved)
+    out = _scan((closed, apply, init, xs))
     # (Integer and boolean outputs carry no tangent: without this, the custom
     # rule's tangents reach primitives that have no differentiation rule.)
     return jax.tree.map(lambda x: x if _inexact(x) else jax.lax.stop_gradient(x),
@@ -45,18 +55,23 @@ def adjoint_scan(step, init, xs):
 
 @eqx.filter_custom_vjp
 def _scan(operands):
-    step, init, xs = operands
-    return jax.lax.scan(lambda c, x: step(c, x), init, xs)
+    step, apply, init, xs = operands
+    if apply is None:
+        return jax.lax.scan(lambda c, x: step(c, x), init, xs)
+    return jax.lax.scan(lambda c, x: step(c, x)[:2], init, xs)
 
 
 @_scan.def_fwd
 def _scan_fwd(perturbed, operands):
     del perturbed
-    step, init, xs = operands
+    step, apply, init, xs = operands
 
     def body(c, x):
-        c1, y = step(c, x)
-        return c1, (y, c)
+        if apply is None:
+            c1, y = step(c, x)
+            return c1, (y, (c, None))
+        c1, y, saved = step(c, x)
+        return c1, (y, (c, saved))
 
     final, (ys, inputs) = jax.lax.scan(body, init, xs)
     return (final, ys), inputs
@@ -86,69 +101,33 @@ def _add(a, b):
 @_scan.def_bwd
 def _scan_bwd(inputs, grad_obj, perturbed, operands):
     del perturbed
-    step, init, xs = operands
+    step, apply, init, xs = operands
     ct_final, ct_ys = grad_obj
     ys_shape = jax.eval_shape(lambda: _scan.fn(operands)[1])
     ct_final = fill_cotangent(init, ct_final)
     ct_ys = fill_cotangent(ys_shape, ct_ys)
-    # (The shapes of the cotangents a step's VJP returns for the closed-over
-    # arrays: one accumulator for all steps.)
-    ct_step0 = fill_cotangent(step, None)
+    # The function whose VJP each step takes, and the closed-over arrays it
+    # differentiates (one accumulator for all steps).
+    fn = step if apply is None else apply
+    ct_fn0 = fill_cotangent(fn, None)
 
     def back(carry, slices):
-        ct_c, ct_step = carry
-        c, x, ct_y = slices
-        _, vjp = eqx.filter_vjp(lambda step, c, x: step(c, x), step, c, x)
-        d_step, d_c, d_x = vjp((ct_c, ct_y))
-        return (fill_cotangent(init, d_c), _add(ct_step, fill_cotangent(step, d_step))), fill_cotangent(x, d_x)
+        ct_c, ct_fn = carry
+        (c, saved), x, ct_y = slices
+        if apply is None:
+            _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x), fn, c, x)
+        else:
+            _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x, saved), fn, c, x)
+        d_fn, d_c, d_x = vjp((ct_c, ct_y))
+        return ((fill_cotangent(init, d_c), _add(ct_fn, fill_cotangent(fn, d_fn))),
+                fill_cotangent(x, d_x))
 
-    (ct_init, ct_step), ct_xs = jax.lax.scan(
-        back, (ct_final, ct_step0), (inputs, xs, ct_ys), reverse=True)
-    return ct_step, ct_init, ct_xs
-
-
-def replayed(locate, replay, *args):
-    """`locate(*args)`, a `_Carry`-like NamedTuple with a `tape` field, whose
-    fields `t, y, e0, events` are differentiated in reverse mode as
-    `replay(*args, tape)` is (the other fields carry no derivative).
-
-    `locate` is a loop that searches (an event's location: trials, brackets)
-    and records on its tape the changes it made to the state; `replay` applies
-    those changes again, differentiably. A program that only runs forward
-    holds the search alone; the replay is traced only by the backward pass,
-    where it is recomputed from `args` and its VJP taken."""
-    locate = eqx.filter_closure_convert(locate, *args)
-    tape = jax.eval_shape(lambda: locate(*args).tape)
-    replay = eqx.filter_closure_convert(replay, *args, tape)
-    out = _replayed((locate, replay, args))
-    return jax.tree.map(lambda x: x if _inexact(x) else jax.lax.stop_gradient(x),
-                        out)
-
-
-_REPLAYED = ("t", "y", "e0", "events")
-
-
-@eqx.filter_custom_vjp
-def _replayed(operands):
-    locate, _, args = operands
-    return locate(*args)
-
-
-@_replayed.def_fwd
-def _replayed_fwd(perturbed, operands):
-    del perturbed
-    out = _replayed.fn(operands)
-    return out, out.tape
-
-
-@_replayed.def_bwd
-def _replayed_bwd(tape, grad_obj, perturbed, operands):
-    del perturbed
-    locate, replay, args = operands
-    out_shape = jax.eval_shape(lambda: _replayed.fn(operands))
-    ct = fill_cotangent(out_shape, grad_obj)
-    ct = tuple(getattr(ct, name) for name in _REPLAYED)
-    _, vjp = eqx.filter_vjp(lambda replay, args: replay(*args, tape), replay, args)
-    d_replay, d_args = vjp(ct)
-    return fill_cotangent(locate, None), fill_cotangent(replay, d_replay), \
-        fill_cotangent(args, d_args)
+    (ct_init, ct_fn), ct_xs = jax.lax.scan(
+        back, (ct_final, ct_fn0), (inputs, xs, ct_ys), reverse=True)
+    ct_step = fill_cotangent(step, None)
+    ct_apply = None
+    if apply is not None:
+        ct_step, ct_apply = ct_step, ct_fn
+    else:
+        ct_step = ct_fn
+    return ct_step, ct_apply, ct_init, ct_xs

@@ -35,7 +35,10 @@ without derivatives (`_locate`): it records each change it makes to the state (a
 restart, an accepted sub-step, an event), and `_replay` applies the same changes
 again by the same functions, differentiably, so that reverse mode never goes
 through the loop's trials. Over the steps, reverse mode is the discrete adjoint
-(`adjoint_scan`).
+(`adjoint_scan`): each step is searched once, in the forward pass, which keeps
+what it found (`StepTape`); the backward pass takes the VJP of the step applied
+(the plain step again, or the replay), so a program that only runs forward holds
+the search alone, and a gradient holds it once.
 """
 
 from __future__ import annotations
@@ -52,7 +55,7 @@ from .._impact import impact_law, unilateral_rate
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, rates, stack_saved
-from .adjoint import adjoint_scan, replayed
+from .adjoint import adjoint_scan
 from .rk4 import _show_progress, rk4_step
 
 # Sub-steps (detection, location trials, sub-steps after events) within one step.
@@ -426,98 +429,108 @@ def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
     return jax.tree.map(lambda a, b: jnp.where(op.valid, a, b), keep, carry), None
 
 
-@eqx.filter_custom_jvp
-def _located(problem, ta, tb, y, active, e0, dt_rest, projection):
-    """`_locate`, whose result carries no derivative (the trial times do not, and
-    the state's derivative is `_replay`'s)."""
-    return _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
-                   projection=projection)
+class StepTape(NamedTuple):
+    """What `event_step`'s search found, for its differentiable application:
+    whether the loop of sub-steps ran (`located`: some trajectory of the batch had
+    an event) and the changes it made (`ops`); the rows held at the end, their
+    multipliers (for the release there) and whether the sub-steps sufficed."""
 
-
-@_located.def_jvp
-def _located_jvp(primals, tangents):
-    del tangents
-    out = _located(*primals)
-    return out, jax.tree.map(
-        lambda x: jnp.zeros_like(x) if eqx.is_inexact_array(x) else None, out)
+    located: Bool[Array, ""]
+    ops: _Op
+    active: Bool[Array, " r"]
+    lam: Float[Array, " r"]
+    done: Bool[Array, ""]
 
 
 def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest,
-               projection=None, forward_mode: bool = False):
+               projection=None, tape: StepTape | None = None,
+               forward_mode: bool = False):
     """The state at `tb` from `y` at `ta`, with the events between: `(y, active,
-    e0, events, done)`; `done` is False when the sub-steps ran out. `projection`
-    (of [`cdiff.Projected`][]) maps every sub-step's end onto the constraints with
-    the rows held there.
+    e0, events, done, tape)`; `done` is False when the sub-steps ran out.
+    `projection` (of [`cdiff.Projected`][]) maps every sub-step's end onto the
+    constraints with the rows held there.
 
-    The step is first taken as a plain RK4 step with the held rows as equalities,
-    with the monitor at its end. Where no row is crossed and no held row's
-    multiplier changes sign, that is the step. Only where some trajectory of the
-    batch has an event does the loop of sub-steps run (`_locate`, without
-    derivatives, from the step's start), and the changes it made are applied
-    again by `_replay`, differentiably: reverse mode never goes through the
-    loop of trials, and a step without events is differentiated as a plain step."""
-    model = problem.context.model.model
-    r = active.shape[0]
-    dtype = ta.dtype
+    Without `tape`, the step is searched, without derivatives. It is first taken
+    as a plain RK4 step with the held rows as equalities, with the monitor at its
+    end. Where no row is crossed and no held row's multiplier changes sign, that
+    is the step. Only where some trajectory of the batch has an event does the
+    loop of sub-steps run (`_locate`, from the step's start); the changes it made
+    are returned in `tape`.
 
-    prob = _with(problem, active, e0)
-    y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True), projection)
-    m_start, _ = _gap(model, ta, y[0], active)
-    m_gap, _ = _gap(model, tb, prob.coordinates(tb, y1)[0], active)
-    lam1 = jax.lax.stop_gradient(jax.lax.cond(
-        eqxi.unvmap_any(jnp.any(active)),
-        lambda: held_multipliers(problem, tb, y1, active, e0, dt_rest=dt_rest),
-        lambda: jnp.full(r, jnp.inf, dtype)))
-    m_end = jnp.minimum(m_gap, jnp.min(lam1, initial=jnp.inf))
-    has_event = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
+    With the `tape` of a search, the step is applied, differentiably: the plain
+    step again, or the changes the loop made (`_replay`), to the same values to
+    round-off. Reverse mode never goes through the loop of trials, and a step
+    without events is differentiated as a plain step. `forward_mode`: the replay in
+    a plain `scan` (which `jax.jvp` differentiates) instead of the discrete
+    adjoint."""
     init = _initial(problem, ta, y, active, e0)
-
-    def with_events(init: _Carry) -> _Carry:
-        if forward_mode:
-            located = _located(problem, ta, tb, init.y, active, init.e0, dt_rest,
-                               projection)
-            (t, y, e0, events), _ = jax.lax.scan(
+    if tape is None:
+        final, tape = _search(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
+                              projection=projection)
+        t, y, e0, step_events = final.t, final.y, final.e0, final.events
+    else:
+        def replayed():
+            scan = jax.lax.scan if forward_mode else adjoint_scan
+            (t, y1, e1, step_events), _ = scan(
                 lambda c, op: _replay(problem, dt_rest, projection, c, op),
-                (ta, init.y, init.e0, init.events), located.tape)
-            return located._replace(t=t, y=y, e0=e0, events=events)
+                (ta, y, e0, init.events), tape.ops)
+            return t, y1, e1, step_events
 
-        def locate(y, e0):
-            return _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
-                           projection=projection)
+        def plain():
+            y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True),
+                           projection)
+            return tb, y1, e0, init.events
 
-        def replay(y, e0, tape):
-            (t, y, e0, events), _ = adjoint_scan(
-                lambda c, op: _replay(problem, dt_rest, projection, c, op),
-                (ta, y, e0, init.events), tape)
-            return t, y, e0, events
-
-        return replayed(locate, replay, init.y, init.e0)
-
-    plain = init._replace(t=tb, y=y1, done=jnp.asarray(True),
-                          substeps=jnp.asarray(1), lam=lam1)
-    final = jax.lax.cond(eqxi.unvmap_any(has_event), with_events, lambda init: plain,
-                         init)
+        t, y, e0, step_events = jax.lax.cond(tape.located, replayed, plain)
     # A held row that pulls at the step's end (round-off the monitor let pass) is
     # released there, so that the active set saved with the state holds only rows
     # that push. Its multipliers are the last accepted sub-step's.
-    lam = jnp.where(final.done, final.lam, jnp.inf)
     active, y = jax.lax.cond(
-        eqxi.unvmap_any(jnp.any(final.active & (lam < 0))),
-        lambda: release(problem, final.t, final.y, final.active, final.e0, lam),
-        lambda: (final.active, final.y))
+        eqxi.unvmap_any(jnp.any(tape.active & (tape.lam < 0))),
+        lambda: release(problem, t, y, tape.active, e0, tape.lam),
+        lambda: (tape.active, y))
 
     # The step's events appended to the solve's, where some trajectory had one.
     def merge(events):
-        new = final.events
+        new = step_events
         for j in range(_STEP_EVENTS):
             events = events.add(j < new.count, new.t[j], new.q[j], new.v_before[j],
                                 new.v_after[j], new.impulse[j], new.rows[j], new.rest[j])
         return eqx.tree_at(lambda e: e.count, events,
                            events.count + jnp.maximum(new.count - _STEP_EVENTS, 0))
 
-    events = jax.lax.cond(eqxi.unvmap_any(final.events.count > 0), merge,
+    events = jax.lax.cond(eqxi.unvmap_any(step_events.count > 0), merge,
                           lambda events: events, events)
-    return y, active, final.e0, events, final.done
+    return y, active, e0, events, tape.done, tape
+
+
+def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
+    """`event_step`'s search: `(final, tape)`, the loop's carry at the step's end
+    (the plain step where no trajectory has an event) and the `StepTape`."""
+    model = problem.context.model.model
+    r = active.shape[0]
+    dtype = ta.dtype
+    prob = _with(problem, active, e0)
+    y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True), projection)
+    m_start, _ = _gap(model, ta, y[0], active)
+    m_gap, _ = _gap(model, tb, prob.coordinates(tb, y1)[0], active)
+    lam1 = jax.lax.cond(
+        eqxi.unvmap_any(jnp.any(active)),
+        lambda: held_multipliers(problem, tb, y1, active, e0, dt_rest=dt_rest),
+        lambda: jnp.full(r, jnp.inf, dtype))
+    m_end = jnp.minimum(m_gap, jnp.min(lam1, initial=jnp.inf))
+    has_event = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
+    init = _initial(problem, ta, y, active, e0)
+    plain = init._replace(t=tb, y=y1, done=jnp.asarray(True),
+                          substeps=jnp.asarray(1), lam=lam1)
+    located = eqxi.unvmap_any(has_event)
+    final = jax.lax.cond(
+        located,
+        lambda: _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
+                        projection=projection),
+        lambda: plain)
+    lam = jnp.where(final.done, final.lam, jnp.inf)
+    return final, StepTape(located, final.tape, final.active, lam, final.done)
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
@@ -532,13 +545,13 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     drawn about 20 times during the solve."""
     dt = grid_ts[1] - grid_ts[0]
 
-    def body(carry, ts):
+    def body(carry, ts, tape=None):
         y, active, e0, result, events = carry
         ta, tb = ts
         running = result == RESULTS.successful
-        y1, active1, e01, events1, done = event_step(
+        y1, active1, e01, events1, done, tape = event_step(
             problem, ta, tb, y, active, e0, events, dt_rest=dt, projection=projection,
-            forward_mode=forward_mode)
+            tape=tape, forward_mode=forward_mode)
         result = RESULTS.where(running & ~done, RESULTS.event_limit, result)
         keep = running & done
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
@@ -546,7 +559,25 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         carry = (y, jnp.where(keep, active1, active), jnp.where(keep, e01, e0), result,
                  events1)
         row = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (tb, y1))
-        return carry, (row, jnp.where(keep, active1, False))
+        return carry, (row, jnp.where(keep, active1, False)), tape
+
+    def search(carry, ts):
+        return body(carry, ts)
+
+    def apply(carry, ts, tape):
+        return body(carry, ts, tape)[:2]
+
+    if forward_mode:  # each step searched, then applied with tangents
+        def run(init, xs):
+            def step(carry, ts):
+                # (The trial times carry no derivative: the event time's is the
+                # correction's, in `_event_at`.)
+                tape = jax.lax.stop_gradient(search(carry, ts)[2])
+                return apply(carry, ts, tape)
+            return jax.lax.scan(step, init, xs)
+    else:
+        def run(init, xs):
+            return adjoint_scan(search, init, xs, apply=apply)
 
     y0 = problem.y0
     active0 = problem.context.model.active
@@ -558,12 +589,11 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     init = (y0, active0, problem.context.e0, start,
             Events.empty(*problem.coordinates(grid_ts[0], y0), active0.shape[0]))
     xs = (grid_ts[:steps], grid_ts[1:steps + 1])
-    scan = jax.lax.scan if forward_mode else adjoint_scan
     if not progress:
-        (y, active, _, result, events), (step_rows, step_active) = scan(body, init, xs)
+        (y, active, _, result, events), (step_rows, step_active) = run(init, xs)
     else:
         (y, active, _, result, events), (step_rows, step_active) = _in_blocks(
-            scan, body, init, xs, dt)
+            run, init, xs, dt)
     if save_steps and rows > steps:
         def pad(x, fill):
             return jnp.concatenate([x, jnp.full((rows - steps,) + x.shape[1:], fill,
@@ -588,8 +618,8 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     return Trajectory(ts, ys, result, stats, active=saved_active)
 
 
-def _in_blocks(scan, body, init, xs, dt, bars: int = 20):
-    """`scan(body, init, xs)` over the steps in about `bars` blocks, the progress
+def _in_blocks(run, init, xs, dt, bars: int = 20):
+    """`run(init, xs)` (a scan) over the steps in about `bars` blocks, the progress
     bar drawn after each (a host callback between blocks, none inside the steps,
     whose discrete adjoint would call it again). The last block is filled with
     steps beyond the end (from `t1` on, discarded), so that every block has the
@@ -606,7 +636,7 @@ def _in_blocks(scan, body, init, xs, dt, bars: int = 20):
 
     def run_block(carry, block_xs):
         number, ts = block_xs
-        carry, out = scan(body, carry, ts)
+        carry, out = run(carry, ts)
         jax.debug.callback(_show_progress, (number + 1) / blocks)
         return carry, out
 
