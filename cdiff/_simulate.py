@@ -124,7 +124,8 @@ def simulate(
       your own `jit`, `throw=False` does the same.
     - `progress`: show a progress bar (diffrax's `TqdmProgressMeter`; cdiff's own
       RK4 loop updates it about 20 times, between blocks of steps, for a whole
-      `vmap`ped batch).
+      `vmap`ped batch; with unilateral rows one bar spans the segments between
+      events). Not with `cdiff.BDF`.
     - `divergence`: the divergence test. A solve whose saved states include a
       coordinate, velocity, position residual $\Phi_q$ or velocity residual larger
       in magnitude than `divergence` $\cdot \max(1, \|q_0\|_\infty,
