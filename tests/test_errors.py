@@ -534,8 +534,12 @@ def test_forward_mode_through_diffrax_names_the_adjoint():
                         for e in np.eye(2)], axis=-1)
     # The central differences' round-off, ~eps_mach / h (measured 6.9e-11).
     np.testing.assert_allclose(forward, central, rtol=0, atol=2.5e-10)
-    # cdiff's own RK4 loop (the default solver) takes jax.jacfwd as it is.
-    own = jax.jacfwd(lambda q: final(q, solver=None))(q0)
+    # cdiff's own RK4 loop (the default solver): reverse mode is its discrete
+    # adjoint, so jax.jacfwd also needs ForwardMode (a plain scan), and says so.
+    with pytest.raises(TypeError, match=r"adjoint=diffrax\.ForwardMode\(\)"):
+        jax.jacfwd(lambda q: final(q, solver=None))(q0)
+    own = jax.jacfwd(lambda q: final(q, solver=None,
+                                     adjoint=diffrax.ForwardMode()))(q0)
     central = np.stack([(final(q0 + h * e, None) - final(q0 - h * e, None)) / (2 * h)
                         for e in np.eye(2)], axis=-1)
     np.testing.assert_allclose(own, central, rtol=0, atol=4e-10)  # measured 9.8e-11

@@ -16,9 +16,9 @@ ROOT = Path(__file__).resolve().parents[1]
 #: The layers, lowest first: a module may import its own layer and those below.
 #: A name is a module or a package (all the modules under it).
 LAYERS = [
-    # Kernels: flags, result codes, linear algebra, drawings, the cache.
+    # Kernels: flags, result codes, linear algebra, drawings, the caches.
     ["cdiff._compiler", "cdiff._reschedule", "cdiff._results", "cdiff._linalg",
-     "cdiff._sketch", "cdiff._cache"],
+     "cdiff._sketch", "cdiff._cache", "cdiff._export"],
     # The model interface: what a model is, its kinematics and mass matrix.
     ["cdiff._kinematics", "cdiff._model", "cdiff._mass"],
     # Drawing a model's motion; projections onto the constraints.
