@@ -1,9 +1,10 @@
 """Settings the benchmarks share: XLA compiler options, cdiff's kernels and the
-number of CPU devices."""
+number of CPU devices; and the timing of a first call in its phases."""
 
 from __future__ import annotations
 
 import contextlib
+import time
 
 import jax
 import numpy as np
@@ -87,3 +88,26 @@ def shard(tree):
         return tree
     sharding = NamedSharding(Mesh(np.array(devices), ("batch",)), PartitionSpec("batch"))
     return jax.device_put(tree, sharding)
+
+
+def first_call(fn, *args, repeats: int):
+    """`jax.jit(fn)` from cleared caches (as a user's first call): `(phases, best,
+    value)`, the first call's phases `[trace, lowering, XLA, first run]` in
+    seconds, the best of `repeats` runs after it, and its value."""
+    jax.clear_caches()
+    phases = []
+    start = time.perf_counter()
+    f = jax.jit(fn)
+    for stage in (lambda f: f.trace(*args), lambda t: t.lower(),
+                  lambda lowered: lowered.compile()):
+        f = stage(f)
+        phases.append(time.perf_counter() - start)
+        start = time.perf_counter()
+    value = jax.block_until_ready(f(*args))
+    phases.append(time.perf_counter() - start)
+    best = np.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(f(*args))
+        best = min(best, time.perf_counter() - start)
+    return phases, best, value

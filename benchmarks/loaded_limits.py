@@ -25,7 +25,6 @@ without them. Time it on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import time
 import warnings
 from pathlib import Path
 
@@ -36,6 +35,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
+from _config import first_call  # noqa: E402
 from _record import record  # noqa: E402
 
 import cdiff  # noqa: E402
@@ -84,28 +84,6 @@ def walker_spec(ranges: bool) -> mujoco.MjSpec:
 SPECS = {"gripper": gripper_spec, "loop-walker": walker_spec}
 
 
-def phases(fn, *args, repeats):
-    """`jax.jit(fn)`'s first call in phases `(trace, lower, xla, first run)`, and
-    the best of `repeats` runs after it."""
-    jax.clear_caches()
-    out = []
-    start = time.perf_counter()
-    f = jax.jit(fn)
-    for stage in (lambda f: f.trace(*args), lambda t: t.lower(),
-                  lambda lowered: lowered.compile()):
-        f = stage(f)
-        out.append(time.perf_counter() - start)
-        start = time.perf_counter()
-    value = jax.block_until_ready(f(*args))
-    out.append(time.perf_counter() - start)
-    best = np.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(f(*args))
-        best = min(best, time.perf_counter() - start)
-    return out, best, value
-
-
 def measure(spec, args):
     m = spec.compile()
     with warnings.catch_warnings():
@@ -123,10 +101,10 @@ def measure(spec, args):
         tuned = model.tree_replace({"body_mass": mass})
         return jnp.sum(final(tuned, q0, v0, args.grad_steps) ** 2)
 
-    forward = phases(lambda q, v: final(model, q, v, args.steps), q0, v0,
+    forward = first_call(lambda q, v: final(model, q, v, args.steps), q0, v0,
                      repeats=args.repeats)
-    gradient = phases(jax.grad(loss), model.mjx_model.body_mass,
-                      repeats=args.repeats)
+    gradient = first_call(jax.grad(loss), model.mjx_model.body_mass,
+                          repeats=args.repeats)
     return {"forward": forward, "gradient": gradient,
             "rows": int(np.sum(m.jnt_limited))}
 

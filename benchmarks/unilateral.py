@@ -17,16 +17,15 @@ ratio to the pendulum without rows and the same solver.
 from __future__ import annotations
 
 import argparse
-import time
 
 import diffrax
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 jax.config.update("jax_enable_x64", True)
 
 import cdiff  # noqa: E402
+from _config import first_call  # noqa: E402
 from _record import record  # noqa: E402
 
 GRAVITY = 9.81
@@ -70,27 +69,6 @@ SOLVERS = {
 }
 
 
-def _time(fn, *args, repeats):
-    """The first call's phases (trace, lowering, XLA's compile, first run), their
-    sum, and the best of `repeats` runs after it (`fn` a `jax.jit`)."""
-    jax.clear_caches()  # (each case traced from nothing, as a user's first call)
-    phases = []
-    start = time.perf_counter()
-    for stage in (lambda f: f.trace(*args), lambda t: t.lower(),
-                  lambda lowered: lowered.compile()):
-        fn = stage(fn)
-        phases.append(time.perf_counter() - start)
-        start = time.perf_counter()
-    jax.block_until_ready(fn(*args))
-    phases.append(time.perf_counter() - start)
-    best = np.inf
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(fn(*args))
-        best = min(best, time.perf_counter() - start)
-    return phases, sum(phases), best
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--batch", type=int, default=256)
@@ -118,10 +96,11 @@ def main():
                 return final(theta)[0]
 
             for kind, fn, x in (
-                    ("one", jax.jit(final), theta[0]),
-                    (f"batch {args.batch}", jax.jit(jax.vmap(final)), theta),
-                    ("gradient of one", jax.jit(jax.grad(loss)), theta[0])):
-                phases, first, run = _time(fn, x, repeats=args.repeats)
+                    ("one", final, theta[0]),
+                    (f"batch {args.batch}", jax.vmap(final), theta),
+                    ("gradient of one", jax.grad(loss), theta[0])):
+                phases, run, _ = first_call(fn, x, repeats=args.repeats)
+                first = sum(phases)
                 base.setdefault(kind, (first, run))
                 trace, lower, xla, _ = phases
                 rows.append(f"| {label} | {name} | {kind} | {trace:.2f} | {lower:.2f} "

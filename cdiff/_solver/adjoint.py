@@ -124,10 +124,6 @@ def _scan_bwd(inputs, grad_obj, perturbed, operands):
 
     (ct_init, ct_fn), ct_xs = jax.lax.scan(
         back, (ct_final, ct_fn0), (inputs, xs, ct_ys), reverse=True)
-    ct_step = fill_cotangent(step, None)
-    ct_apply = None
-    if apply is not None:
-        ct_step, ct_apply = ct_step, ct_fn
-    else:
-        ct_step = ct_fn
-    return ct_step, ct_apply, ct_init, ct_xs
+    if apply is None:
+        return ct_fn, None, ct_init, ct_xs
+    return fill_cotangent(step, None), ct_fn, ct_init, ct_xs

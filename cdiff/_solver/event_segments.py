@@ -196,7 +196,7 @@ class _SegmentProgress(diffrax.AbstractProgressMeter):
 
         # (Under vmap, drawn where every trajectory has moved on by 2 %.)
         moved = eqxi.unvmap_all(fraction - state >= 0.02)
-        return jax.lax.cond(eqxi.nonbatchable(moved), draw, lambda: state + 0 * fraction)
+        return jax.lax.cond(eqxi.nonbatchable(moved), draw, lambda: state)
 
     def close(self, state):
         del state  # (the route closes the bar after the last segment)

@@ -463,23 +463,25 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     without events is differentiated as a plain step. `forward_mode`: the replay in
     a plain `scan` (which `jax.jvp` differentiates) instead of the discrete
     adjoint."""
-    init = _initial(problem, ta, y, active, e0)
     if tape is None:
         final, tape = _search(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
                               projection=projection)
         t, y, e0, step_events = final.t, final.y, final.e0, final.events
     else:
+        no_events = Events.empty(*problem.coordinates(ta, y), active.shape[0],
+                                 _STEP_EVENTS)
+
         def replayed():
             scan = jax.lax.scan if forward_mode else adjoint_scan
             (t, y1, e1, step_events), _ = scan(
                 lambda c, op: _replay(problem, dt_rest, projection, c, op),
-                (ta, y, e0, init.events), tape.ops)
+                (ta, y, e0, no_events), tape.ops)
             return t, y1, e1, step_events
 
         def plain():
             y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True),
                            projection)
-            return tb, y1, e0, init.events
+            return tb, y1, e0, no_events
 
         t, y, e0, step_events = jax.lax.cond(tape.located, replayed, plain)
     # A held row that pulls at the step's end (round-off the monitor let pass) is
