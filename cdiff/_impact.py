@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from ._kinematics import Kinematics, Terms, unilateral_jacobian, velocity_constraints
+from ._kinematics import Kinematics, Terms, unilateral_jacobian
 from ._linalg import PseudoInverse, matvec
 from ._mass import checked_mass
 from ._model import AbstractModel
@@ -77,8 +77,9 @@ def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True
     several restitutions at the same state (the rest rule of an event)."""
     q = jnp.asarray(q)
     v = jnp.asarray(v, q.dtype)
-    mf = checked_mass(model, t, q, throw=throw)[1]
-    r_v, A_v = velocity_constraints(model, t, q, v)
+    terms = model.terms(t, q, v)  # (one evaluation for M and A_v)
+    mf = checked_mass(model, t, q, terms, throw=throw)[1]
+    r_v, A_v = terms.velocity_constraints
     k = A_v.shape[0]
     if k:
         # The velocity made admissible first (an integrator's drift off the
@@ -91,7 +92,10 @@ def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True
         hit = g <= 0
     hit = jnp.broadcast_to(jnp.asarray(hit, bool), g.shape)
 
-    def law(restitution) -> Impact:
+    def law(restitution, rows=None) -> Impact:
+        """The impact with `restitution`; `rows`: the rows that take part, where
+        already known (one projection, the last of the iteration that found
+        them)."""
         e = jnp.broadcast_to(jnp.asarray(restitution, q.dtype), g.shape)
         # The change of each row's rate Newton's law asks for.
         change = -jnp.where(gdot < 0, 1 + e, 1.0) * gdot
@@ -108,8 +112,9 @@ def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True
             gdot_new = matvec(G, v_new - v) + gdot
             return (rows & (impulse >= 0)) | (hit & ~rows & (gdot_new < 0))
 
-        # (A loop, not unrolled: one projection in the compiled program.)
-        rows = jax.lax.fori_loop(0, g.shape[0], update, hit & (gdot < 0))
+        if rows is None:
+            # (A loop, not unrolled: one projection in the compiled program.)
+            rows = jax.lax.fori_loop(0, g.shape[0], update, hit & (gdot < 0))
         v_new, impulse = project(rows)
         return Impact(v_new, impulse, rows)
 

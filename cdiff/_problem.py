@@ -111,6 +111,17 @@ class Problem(eqx.Module):
         return self._fast(self.formulation.vector_field_and_freeze)(
             t, y, self.context, frozen, dt, first)
 
+    def dynamics(self, t, y, dt):
+        """The formulation's [`Dynamics`][] at `(t, y)` with the per-step data of a
+        step of size `dt` from there (one evaluation of the model's terms where
+        the formulation freezes from them)."""
+        return self.dynamics_and_freeze(t, y, None, dt, True)[0]
+
+    def dynamics_and_freeze(self, t, y, frozen, dt, first):
+        """As `rate_and_freeze`, the formulation's whole [`Dynamics`][]."""
+        return self._fast(self.formulation.dynamics_and_freeze)(
+            t, y, self.context, frozen, dt, first)
+
     def end_step(self, t, y) -> PyTree:
         """The formulation's map of the state at the end of a step."""
         return self.formulation.end_step(t, y, self.context)

@@ -467,8 +467,7 @@ def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, y
             # The unilateral rows held at this row (`_along` zeroed unused rows).
             y, held = y
             ctx = eqx.tree_at(lambda c: c.model.active, ctx, held)
-        frozen = formulation.freeze(t, t + dt, y, ctx)
-        dyn = formulation.dynamics(t, y, ctx, frozen)
+        dyn = formulation.dynamics_and_freeze(t, y, ctx, None, dt, True)[0]
         qdot, vdot = rates(formulation, ctx, t, y, dyn)
         return dyn.force, dyn.multipliers, qdot, vdot
 

@@ -145,6 +145,16 @@ class AbstractFormulation(eqx.Module):
         frozen = first_stage_freeze(first, self.freeze(t, t + dt, y, context), frozen)
         return self.vector_field(t, y, context, frozen), frozen
 
+    def dynamics_and_freeze(self, t, y, context: Context, frozen: PyTree, dt,
+                            first) -> tuple[Dynamics, PyTree]:
+        """As `vector_field_and_freeze`, the whole [`Dynamics`][] (an event
+        solver reads the multipliers of the held rows at a step's first stage, or
+        at a state it checks). A formulation that sets `freezes_from_terms`
+        computes both from one evaluation of the model's terms. Default: both,
+        computed on their own."""
+        frozen = first_stage_freeze(first, self.freeze(t, t + dt, y, context), frozen)
+        return self.dynamics(t, y, context, frozen), frozen
+
     def bind(self, model: AbstractModel, t0, q0, v0) -> "AbstractFormulation":
         """Settle static choices from the initial state, before tracing (called by
         `simulate` outside `jit`, where `q0` may be concrete). Default: `self`."""
@@ -206,6 +216,8 @@ def applied_forces(context: Context, t, q, v, terms: Terms | None = None
 def first_stage_freeze(first, own: PyTree, frozen: PyTree) -> PyTree:
     """The per-step data a stage uses: `own` (its state's) at the step's first
     stage, `frozen` (the carried one) at the others."""
+    if first is True:  # (known before tracing: `frozen` may be None)
+        return own
     return jax.tree.map(lambda a, b: jnp.where(first, a, b), own, frozen)
 
 

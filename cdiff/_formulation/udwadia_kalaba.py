@@ -133,10 +133,15 @@ class UdwadiaKalaba(AbstractFormulation):
 
     def vector_field_and_freeze(self, t, y, context: Context, frozen: _Deltas, dt,
                                 first):
+        dyn, frozen = self.dynamics_and_freeze(t, y, context, frozen, dt, first)
+        return dyn.rate, frozen
+
+    def dynamics_and_freeze(self, t, y, context: Context, frozen: _Deltas | None,
+                            dt, first) -> tuple[Dynamics, _Deltas]:
         q, v = y
         terms = context.model.terms(t, q, v)
         frozen = first_stage_freeze(first, self._deltas(dt, context, terms), frozen)
-        return self.dynamics(t, y, context, frozen, terms).rate, frozen
+        return self.dynamics(t, y, context, frozen, terms), frozen
 
     def dynamics(self, t, y, context: Context, frozen: _Deltas,
                  terms=None) -> Dynamics:

@@ -19,8 +19,12 @@ everything the step closes over (the model's and formulation's arrays), hoisted
 by `equinox.filter_closure_convert`. The gradients are those of the scan itself
 to round-off (the same operations, in another order of summation).
 
-Forward mode (`jax.jvp`, `jax.jacfwd`) is not available through it: the routes
-keep the plain `scan` for `adjoint=diffrax.ForwardMode()`.
+`adjoint_loop` is the same for a loop whose length is known only at run time
+(the changes an event step recorded): the backward pass runs the same count of
+steps in reverse.
+
+Forward mode (`jax.jvp`, `jax.jacfwd`) is not available through them: the routes
+keep a plain `scan` or `fori_loop` for `adjoint=diffrax.ForwardMode()`.
 """
 
 from __future__ import annotations
@@ -127,3 +131,60 @@ def _scan_bwd(inputs, grad_obj, perturbed, operands):
     if apply is None:
         return ct_fn, None, ct_init, ct_xs
     return fill_cotangent(step, None), ct_fn, ct_init, ct_xs
+
+
+def adjoint_loop(step, init, xs, count):
+    """The carry after `step(c, x)` is applied to the first `count` slices of `xs`
+    (`count` traced, at most their number): `jax.lax.fori_loop` over them,
+    differentiated in reverse mode by the discrete adjoint (a reverse loop over
+    the same `count` of VJPs, each at its kept input). `xs` carry no derivative."""
+    x0 = jax.tree.map(lambda x: x[0], xs)
+    closed = eqx.filter_closure_convert(step, init, x0)
+    out = _loop((closed, init, xs, count))
+    return jax.tree.map(lambda x: x if _inexact(x) else jax.lax.stop_gradient(x),
+                        out)
+
+
+def _index(xs, i):
+    return jax.tree.map(lambda x: x[i], xs)
+
+
+@eqx.filter_custom_vjp
+def _loop(operands):
+    step, init, xs, count = operands
+    return jax.lax.fori_loop(0, count, lambda i, c: step(c, _index(xs, i)), init)
+
+
+@_loop.def_fwd
+def _loop_fwd(perturbed, operands):
+    del perturbed
+    step, init, xs, count = operands
+    n = jax.tree.leaves(xs)[0].shape[0]
+    inputs = jax.tree.map(lambda c: jnp.zeros((n,) + jnp.shape(c), jnp.result_type(c)),
+                          init)
+
+    def body(i, carry):
+        c, inputs = carry
+        inputs = jax.tree.map(lambda buf, x: buf.at[i].set(x), inputs, c)
+        return step(c, _index(xs, i)), inputs
+
+    return jax.lax.fori_loop(0, count, body, (init, inputs))
+
+
+@_loop.def_bwd
+def _loop_bwd(inputs, ct_final, perturbed, operands):
+    del perturbed
+    step, init, xs, count = operands
+    ct_final = fill_cotangent(init, ct_final)
+
+    def back(j, carry):
+        ct_c, ct_fn = carry
+        i = count - 1 - j
+        _, vjp = eqx.filter_vjp(lambda fn, c: fn(c, _index(xs, i)), step,
+                                _index(inputs, i))
+        d_fn, d_c = vjp(ct_c)
+        return fill_cotangent(init, d_c), _add(ct_fn, fill_cotangent(step, d_fn))
+
+    ct_init, ct_fn = jax.lax.fori_loop(0, count, back,
+                                       (ct_final, fill_cotangent(step, None)))
+    return ct_fn, ct_init, fill_cotangent(xs, None), None

@@ -374,7 +374,7 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
             releasing = jnp.min(lam_e, initial=jnp.inf) < jnp.min(gap, initial=jnp.inf)
             released = releasing & active & (lam_e <= low + 16 * eps)
             return take_event(problem, t_end, q_e, v_e, active, released, c.e0,
-                              c.events, record=hit, dt_rest=dt)
+                              c.events, record=hit, dt_rest=dt)[:4]
 
         y_next, held_next, e0_next, events = jax.lax.cond(
             eqxi.unvmap_any(hit), take_it,

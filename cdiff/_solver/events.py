@@ -1,15 +1,15 @@
 r"""Constant-step RK4 with unilateral constraints: events located inside the step,
 impacts, and the active set.
 
-Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
-(`equinox.internal.while_loop`, reverse-mode differentiable):
+Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps:
 
 1. **Release.** A held row whose multiplier changes sign within a sub-step
    ($\lambda_i < 0$ would pull: Aghili's condition that a unilateral constraint
    holds only while its force pushes) is an event like a crossing, located as the
    root of $\lambda_i$ and released there; the motion is smooth across it (the
    force is zero), so no correction follows. A held row that pulls at the start
-   of a sub-step after an event, or at the end of a step, is released there.
+   of a sub-step after an event (read from the sub-step's first stage), or at
+   the end of a step, is released there.
 2. **Detection.** An RK4 step to $t_b$ with the active rows held as equalities; an
    inactive row that ends below zero, and lower than it started, is crossed.
 3. **Location.** The crossing time is the root of $m(t) = \min_i g_i$ over the
@@ -24,21 +24,26 @@ Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps
    step, $2\dot g^+ < -\ddot g\,\Delta t$, stops instead (plastic): repeated
    bounces that shrink geometrically end in contact after finitely many impacts.
    Every row at contact that does not leave it becomes active (stopped by the
-   impact, or arrived at zero speed); the energy reference of the formulation is
-   reset to the energy after the impact. The sub-steps go on from $t^*$ to $t_b$.
+   impact, or arrived at zero speed); the energy reference of a formulation that
+   holds the energy is reset to the energy after the impact. The sub-steps go on from $t^*$ to $t_b$.
 
-**What a step costs.** A step is first the plain RK4 step with the held rows as
-equalities, and the monitor at its end; where no row crosses and no held row's
-multiplier changes sign, that is the step, and the loop above runs only in a step
-where some trajectory of the batch has an event (`lax.cond`). The loop runs
-without derivatives (`_locate`): it records each change it makes to the state (a
-restart, an accepted sub-step, an event), and `_replay` applies the same changes
-again by the same functions, differentiably, so that reverse mode never goes
-through the loop's trials. Over the steps, reverse mode is the discrete adjoint
-(`adjoint_scan`): each step is searched once, in the forward pass, which keeps
-what it found (`StepTape`); the backward pass takes the VJP of the step applied
-(the plain step again, or the replay), so a program that only runs forward holds
-the search alone, and a gradient holds it once.
+**What a step costs.** The loop's first sub-step is the plain RK4 step with the
+held rows as equalities, with the monitor and the held rows' multipliers at its
+end; where no row crosses and no multiplier changes sign, that is the step. The
+impact and the rest rule run only in an iteration where some trajectory of the
+batch has an event (`lax.cond`). Each iteration evaluates the dynamics at two
+sites, the sub-step's stages (whose first gives the multipliers at its start)
+and the multipliers at its end, so that a compiled program holds few copies of
+the model's dynamics. The loop runs without derivatives (`_locate`): it records
+each change it makes to the state (a restart, an accepted sub-step, an event),
+and `_replay` applies the same changes again by the same functions,
+differentiably, so that reverse mode never goes through the loop's trials (a
+step without events is replayed as its one sub-step). Over the steps, reverse
+mode is the discrete adjoint (`adjoint_scan`): each step is searched once, in
+the forward pass, which keeps what it found (`StepTape`); the backward pass
+takes the VJP of the step replayed (`adjoint_loop`, over the changes recorded),
+so a program that only runs forward holds the search alone, and a gradient
+holds it once.
 """
 
 from __future__ import annotations
@@ -55,7 +60,7 @@ from .._impact import impact_law, unilateral_rate
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, rates, stack_saved
-from .adjoint import adjoint_scan
+from .adjoint import adjoint_loop, adjoint_scan
 from .rk4 import _show_progress, rk4_step
 
 # Sub-steps (detection, location trials, sub-steps after events) within one step.
@@ -114,14 +119,18 @@ def _with(problem: Problem, active, e0) -> Problem:
                        (active, e0))
 
 
-def held_multipliers(problem: Problem, t, y, active, e0, *, dt_rest):
-    """The held rows' multipliers at `(t, y)` (inf where not held)."""
+def _held(problem: Problem, t, y, active, multipliers):
+    """The held rows' entries of the `multipliers` at `(t, y)` (inf where not
+    held): those after the model's holonomic rows."""
     m = jax.eval_shape(problem.context.model.model.holonomic, t,
                        problem.coordinates(t, y)[0]).shape[0]
+    return jnp.where(active, multipliers[m:m + active.shape[0]], jnp.inf)
+
+
+def held_multipliers(problem: Problem, t, y, active, e0, *, dt_rest):
+    """The held rows' multipliers at `(t, y)` (inf where not held)."""
     prob = _with(problem, active, e0)
-    frozen = prob.freeze(t, t + dt_rest, y)
-    lam = prob.formulation.dynamics(t, y, prob.context, frozen).multipliers
-    return jnp.where(active, lam[m:m + active.shape[0]], jnp.inf)
+    return _held(problem, t, y, active, prob.dynamics(t, y, dt_rest).multipliers)
 
 
 def release(problem: Problem, t, y, active, e0, lam):
@@ -132,31 +141,69 @@ def release(problem: Problem, t, y, active, e0, lam):
     return active, prob.restart(t, *prob.coordinates(t, y))
 
 
+class Decision(NamedTuple):
+    """What `take_event` decided at an event, none of it differentiable: the rows
+    that take part in the impact (`rows`), those of them made plastic by the rest
+    rule (`rest`), the rows held from there (`held`), and whether some row was
+    hit (`hit`: the impact is recorded)."""
+
+    rows: Bool[Array, " r"]
+    rest: Bool[Array, " r"]
+    held: Bool[Array, " r"]
+    hit: Bool[Array, ""]
+
+
 def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, *,
-               record, dt_rest):
+               record, dt_rest, decision: Decision | None = None):
     """An event at the state `(t, q, v)` (on a row, or where a held row's
     multiplier reached zero), taken: the impact on the inactive rows at contact,
     made plastic by the rest rule where a bounce is too slow to leave for
     `dt_rest`; the rows that hold from there (those at contact that do not leave
-    it, and the held ones less `released`); the energy after it; the impact added
+    it, and the held ones less `released`); the energy after it (the reference of
+    a formulation that holds the energy); the impact added
     to `events` where `record` and some row was hit. Returns `(y, held, e0,
-    events)`, `y` the formulation's state restarted there."""
+    events, decision)`, `y` the formulation's state restarted there.
+
+    With the `decision` of an earlier call at this event (a search's), it is
+    applied without being made again: one projection (no active-set iteration, no
+    rest rule), the same values, and the same derivatives (the choices carry
+    none)."""
     model = problem.context.model.model
     throw = problem.context.throw
     dtype = q.dtype
-    eps = jnp.finfo(dtype).eps
     r = active.shape[0]
     e = jnp.broadcast_to(jnp.asarray(model.restitution, dtype), (r,))
-    scale = jnp.maximum(1.0, jnp.max(jnp.abs(q)))
+    if decision is None:
+        eps = jnp.finfo(dtype).eps
+        scale = jnp.maximum(1.0, jnp.max(jnp.abs(q)))
+        hit = ~active & (model.unilateral(t, q) <= eps ** 0.75 * scale)
+        law = impact_law(model, t, q, v, hit, throw=throw)
+        decision = _decide(problem, law, t, q, active, released, hit, e, e0,
+                           dt_rest=dt_rest)
+    else:
+        law = impact_law(model, t, q, v, throw=throw)
+    out = law(jnp.where(decision.rest, 0.0, e), rows=decision.rows)
+    # (The energy reference, for a formulation that holds the energy.)
+    e_after = (model.energy(t, q, out.v) if problem.formulation.corrects_energy
+               else None)
+    e_after = e0 if e_after is None else jnp.asarray(e_after, dtype)
+    events = events.add(record & decision.hit, t, q, v, out.v, out.impulse, out.rows,
+                        decision.rest & out.rows)
+    y = _with(problem, decision.held, e0).restart(t, q, out.v)
+    return y, decision.held, e_after, events, decision
+
+
+def _decide(problem: Problem, law, t, q, active, released, hit, e, e0, *,
+            dt_rest) -> Decision:
+    """`take_event`'s choices at `(t, q)`: the rest rule, the rows that take part
+    and those held from there."""
+    model = problem.context.model.model
+    eps = jnp.finfo(q.dtype).eps
     prob = _with(problem, active, e0)
-    g = model.unilateral(t, q)
-    hit = ~active & (g <= eps ** 0.75 * scale)
-    law = impact_law(model, t, q, v, hit, throw=throw)
     first = law(e)
     # Rest: a bounce too slow to leave for a step becomes plastic.
     y_plus = prob.restart(t, q, first.v)
-    frozen = prob.freeze(t, t + dt_rest, y_plus)
-    dyn = prob.formulation.dynamics(t, y_plus, prob.context, frozen)
+    dyn = prob.dynamics(t, y_plus, dt_rest)
     _, vdot = rates(prob.formulation, prob.context, t, y_plus, dyn)
     q_plus, v_plus = prob.coordinates(t, y_plus)
     gdot_plus, gddot = jax.jvp(
@@ -169,12 +216,8 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     _, gdot_out, _ = unilateral_rate(model, t, q, out.v)
     vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
     contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
-    e_after = model.energy(t, q, out.v)
-    e_after = e0 if e_after is None else jnp.asarray(e_after, dtype)
-    events = events.add(record & jnp.any(hit), t, q, v, out.v, out.impulse, out.rows,
-                        rest & out.rows)
     held = (active & ~released) | contact
-    return _with(problem, held, e0).restart(t, q, out.v), held, e_after, events
+    return Decision(out.rows, rest & out.rows, held, jnp.any(hit))
 
 
 class _Op(NamedTuple):
@@ -182,7 +225,8 @@ class _Op(NamedTuple):
     that `_replay` can apply the same changes differentiably: a restart at its
     start (the held rows checked for release), a sub-step to `t_try` (to `t_step`,
     where it `moved`) with the rows `active` held, kept where `free`, or ended by
-    an event there (at a release where `releasing`, of the rows `released`)."""
+    an event there (at a release where `releasing`) and what was `decided` at
+    it."""
 
     valid: Bool[Array, ""]
     restart: Bool[Array, ""]
@@ -193,7 +237,7 @@ class _Op(NamedTuple):
     free: Bool[Array, ""]
     event: Bool[Array, ""]
     releasing: Bool[Array, ""]
-    released: Bool[Array, " r"]
+    decided: Decision
 
 
 class _Carry(NamedTuple):
@@ -214,6 +258,9 @@ class _Carry(NamedTuple):
     # The held rows' multipliers at the last accepted sub-step's end (inf: not
     # held); only their signs are read.
     lam: Float[Array, " r"]
+    # An event was just taken: the held rows are checked at the next sub-step's
+    # start.
+    fresh: Bool[Array, ""]
     ops: Array
     tape: _Op
 
@@ -224,22 +271,53 @@ def _gap(model, t, q, active):
     return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
 
-def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection):
+def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
+              multipliers: bool = False):
     """An RK4 sub-step from `(t, y)` to `t_step` with the rows `active` held (and
-    `projection` after it), or `y` where it has not `moved`."""
+    `projection` after it), or `y` where it has not `moved`. With `multipliers`,
+    `(y, lam)`: also the held rows' multipliers at `(t, y)` (inf where not held),
+    read from the first stage's dynamics (whose per-step data are the
+    sub-step's)."""
     prob = _with(problem, active, e0)
-    y_try, _, _ = rk4_step(prob.rate, prob.freeze, prob.end_step, t, t_step, y)
+    if not multipliers:
+        y_try, _, _ = rk4_step(
+            prob.rate, prob.freeze, prob.end_step, t, t_step, y,
+            rate_and_freeze=(prob.rate_and_freeze if problem.freezes_at_first_stage
+                             else None))
+    else:
+        own = problem.freezes_at_first_stage
+        lam0 = jnp.full(active.shape, jnp.inf, t.dtype)
+        frozen0 = (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                jax.eval_shape(prob.freeze, t, t_step, y)) if own
+                   else prob.freeze(t, t_step, y))
+
+        def stage(t_i, y_i, carried, h, first):
+            frozen, lam = carried
+            if own:
+                dyn, frozen = prob.dynamics_and_freeze(t_i, y_i, frozen, h, first)
+            else:
+                dyn = prob._fast(prob.formulation.dynamics)(t_i, y_i, prob.context,
+                                                            frozen)
+            lam = jnp.where(first, _held(problem, t_i, y_i, active, dyn.multipliers),
+                            lam)
+            return dyn.rate, (frozen, lam)
+
+        y_try, _, _, (_, lam) = rk4_step(
+            None, prob.freeze, prob.end_step, t, t_step, y, rate_and_freeze=stage,
+            carried=(frozen0, lam0))
     if projection is not None:
         y_try = prob.formulation.project(t_step, y_try, prob.context, projection)
-    return jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, y)
+    y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, y)
+    return (y_try, lam) if multipliers else y_try
 
 
 def _event_at(problem: Problem, t_try, y_try, active, releasing, released, e0,
-              events: Events, *, record, dt_rest, derivative: bool = True):
+              events: Events, *, record, dt_rest, decision: Decision | None = None):
     """The event located at the trial `(t_try, y_try)`: the state corrected to
-    first order to the monitor's root (none at a release), then `take_event`.
-    Returns `(t_e, y, held, e0, events)`. The correction is zero in value and
-    carries the event time's derivative: without `derivative` (`_locate`) it is
+    first order to the monitor's root (none at a release), then `take_event`
+    (with the `decision` of the search that found it, in `_replay`). Returns
+    `(t_e, y, held, e0, events, decision)`. The correction is zero in value and
+    carries the event time's derivative: in the search (no `decision`) it is
     left out, and so is the evaluation of the dynamics it needs."""
     model = problem.context.model.model
     prob = _with(problem, active, e0)
@@ -255,43 +333,34 @@ def _event_at(problem: Problem, t_try, y_try, active, releasing, released, e0,
     # (delta is zero in value: the rates at the trial matter only for the
     # derivative.)
     q_e, v_e, t_e = q_try, v_try, t_try
-    if derivative:
-        frozen = prob.freeze(t_try, t_try + dt_rest, y_try)
-        dyn = prob.formulation.dynamics(t_try, y_try, prob.context, frozen)
+    if decision is not None:
+        dyn = prob.dynamics(t_try, y_try, dt_rest)
         _, vdot = rates(prob.formulation, prob.context, t_try, y_try, dyn)
-        q_e = q_try + delta * model.position_rate(t_try, q_try, v_try)
+        # (With delta zero, d(delta * rate) = rate d(delta): the rates' own
+        # derivatives would be multiplied by zero, and are left out.)
+        qdot, vdot = jax.lax.stop_gradient(
+            (model.position_rate(t_try, q_try, v_try), vdot))
+        q_e = q_try + delta * qdot
         v_e = v_try + delta * vdot
         t_e = t_try + delta
-    y_after, held, e_after, events = take_event(
-        problem, t_e, q_e, v_e, active, released, e0, events, record=record,
-        dt_rest=dt_rest)
-    return t_e, y_after, held, e_after, events
+    return (t_e, *take_event(problem, t_e, q_e, v_e, active, released, e0, events,
+                             record=record, dt_rest=dt_rest, decision=decision))
 
 
 def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
             projection) -> _Carry:
-    """The loop of sub-steps of a step from `ta` to `tb` with events (see the
-    module's docstring), without derivatives: its state at the end, and the
-    changes it made to the state (`_Carry.tape`, for `_replay`)."""
+    """The loop of sub-steps of a step from `ta` to `tb` (see the module's
+    docstring), without derivatives: its state at the end, and the changes it made
+    to the state (`_Carry.tape`, for `_replay`). Its first iteration is the plain
+    step: where nothing happens in it, that is the loop. Each iteration evaluates
+    the dynamics at one site, the sub-step's (whose first stage gives the held
+    rows' multipliers at its start), and the multipliers at its end."""
     model = problem.context.model.model
     r = active.shape[0]
     dtype = ta.dtype
     eps = jnp.finfo(dtype).eps
 
-    def pulls(t, y, active, e0):
-        return held_multipliers(problem, t, y, active, e0, dt_rest=dt_rest)
-
     def body(c: _Carry) -> _Carry:
-        # (The step's first sub-step starts from the previous step's end, where the
-        # release was checked.)
-        check = jnp.any(c.active) & ~c.locating & (c.substeps > 0)
-        restart = eqxi.unvmap_any(check)
-        active, y = jax.lax.cond(
-            restart,
-            lambda c: release(problem, c.t, c.y, c.active, c.e0, jnp.where(
-                check, pulls(c.t, c.y, c.active, c.e0), jnp.inf)),
-            lambda c: (c.active, c.y), c)
-        c = c._replace(y=y)
         # Illinois' trial point in the bracket, or the end of the step.
         denominator = jnp.where(c.locating, c.m_hi - c.m_lo, -1.0)
         secant = (c.lo * c.m_hi - c.hi * c.m_lo) / denominator
@@ -300,15 +369,32 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # step of size zero, which a formulation's per-step data may divide by.
         moved = t_try > c.t
         t_step = jnp.where(moved, t_try, tb)
-        y_try = _sub_step(problem, c.t, t_step, c.y, active, c.e0, moved, projection)
+        y_try, lam_start = _sub_step(problem, c.t, t_step, c.y, c.active, c.e0, moved,
+                                     projection, multipliers=True)
+        # After an event, a held row that pulls at the sub-step's start is released
+        # there: this iteration is then that restart, and the sub-step is taken
+        # again, from the state restarted with the rows left.
+        pull = c.fresh & c.active & (lam_start < 0)
+        restart = jnp.any(pull)
+        active = c.active & ~pull
+        y_start = jax.lax.cond(
+            eqxi.unvmap_any(restart),
+            lambda: jax.tree.map(
+                lambda a, b: jnp.where(restart, a, b),
+                _with(problem, active, c.e0).restart(
+                    c.t, *problem.coordinates(c.t, c.y)), c.y),
+            lambda: c.y)
+        go = ~restart
         q_try, _ = _with(problem, active, c.e0).coordinates(t_try, y_try)
         m_start, _ = _gap(model, c.t, c.y[0], active)
         m_gap, _ = _gap(model, t_try, q_try, active)
         # The held rows' multipliers: a sign change is a release inside the step.
         # (At the sub-step's start they push: rows that would pull were released.)
-        lam_try = jax.lax.cond(eqxi.unvmap_any(jnp.any(active)),
-                               lambda: pulls(t_try, y_try, active, c.e0),
-                               lambda: jnp.full(r, jnp.inf, dtype))
+        lam_try = jax.lax.cond(
+            eqxi.unvmap_any(jnp.any(active) & go),
+            lambda: held_multipliers(problem, t_try, y_try, active, c.e0,
+                                     dt_rest=dt_rest),
+            lambda: jnp.full(r, jnp.inf, dtype))
         m_lam = jnp.min(lam_try, initial=jnp.inf)
         releasing = m_lam < m_gap
         m_try = jnp.minimum(m_gap, m_lam)
@@ -317,33 +403,35 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # force.)
         tol = 8 * eps * jnp.maximum(scale, jnp.where(
             releasing, jnp.abs(c.m_lo) + jnp.abs(c.m_hi), 0.0))
-        crossed = (m_try < 0) & (m_try < jnp.minimum(m_start, 0.0))
+        crossed = go & (m_try < 0) & (m_try < jnp.minimum(m_start, 0.0))
         # Free sub-step: accepted unless a row was crossed, which opens a bracket.
         start_locating = ~c.locating & crossed
         # Locating: Illinois' update, or the event when converged.
         feasible = m_try >= 0
         width = c.hi - c.lo
-        event = c.locating & ((jnp.abs(m_try) <= tol)
-                              | (width <= 4 * eps * jnp.abs(c.hi))
-                              | (c.trials >= _MAX_TRIALS))
+        event = go & c.locating & ((jnp.abs(m_try) <= tol)
+                                   | (width <= 4 * eps * jnp.abs(c.hi))
+                                   | (c.trials >= _MAX_TRIALS))
         # A release: the held rows whose multiplier reached zero.
         released = releasing & active & (lam_try <= tol)
 
         # Computed only where some trajectory of the batch has an event.
-        t_e, y_e, held, e_after, events = jax.lax.cond(
+        none = Decision(jnp.zeros(r, bool), jnp.zeros(r, bool), active,
+                        jnp.asarray(False))
+        t_e, y_e, held, e_after, events, decided = jax.lax.cond(
             eqxi.unvmap_any(event),
             lambda: _event_at(problem, t_try, y_try, active, releasing, released,
-                              c.e0, c.events, record=event, dt_rest=dt_rest,
-                              derivative=False),
-            lambda: (t_try, y_try, active, c.e0, c.events))
+                              c.e0, c.events, record=event, dt_rest=dt_rest),
+            lambda: (t_try, y_try, active, c.e0, c.events, none))
 
-        accept_free = ~c.locating & ~crossed
+        accept_free = go & ~c.locating & ~crossed
         t_new = jnp.where(event, t_e, jnp.where(accept_free, t_try, c.t))
         y_new = jax.tree.map(
             lambda ev, fr, old: jnp.where(event, ev, jnp.where(accept_free, fr, old)),
-            y_e, y_try, c.y)
+            y_e, y_try, y_start)
         active_new = jnp.where(event, held, active)
-        # Bracket: opened on a crossing, narrowed while locating.
+        # Bracket: opened on a crossing, narrowed while locating (a restart leaves
+        # it as it is).
         lo = jnp.where(start_locating, c.t, jnp.where(feasible, t_try, c.lo))
         hi = jnp.where(start_locating, tb, jnp.where(feasible, c.hi, t_try))
         # (A release's multipliers at the sub-step's start are not at hand: 0 makes
@@ -357,25 +445,28 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
                                    m_try))
         side = jnp.where(start_locating, 0, jnp.where(feasible, 1, -1))
         locating = jnp.where(start_locating, True, c.locating & ~event)
-        keep = c.locating | start_locating
-        lo, hi, m_lo, m_hi = (jnp.where(keep, a, b) for a, b in
-                              zip((lo, hi, m_lo, m_hi), (c.lo, c.hi, c.m_lo, c.m_hi)))
+        narrowing = go & (c.locating | start_locating)
+        lo, hi, m_lo, m_hi, side = (
+            jnp.where(narrowing, a, b) for a, b in
+            zip((lo, hi, m_lo, m_hi, side), (c.lo, c.hi, c.m_lo, c.m_hi, c.side)))
+        trials = jnp.where(go, jnp.where(locating & ~start_locating, c.trials + 1, 0),
+                           c.trials)
         # The change this iteration made, for the replay.
         changed = restart | accept_free | event
-        op = _Op(changed, restart, active, t_try, t_step, moved, accept_free, event,
-                 releasing, released)
+        op = _Op(changed, restart, active, t_try, t_step, moved & go, accept_free,
+                 event, releasing, decided)
         i = jnp.minimum(c.ops, MAX_SUBSTEPS - 1)
         tape = jax.tree.map(lambda buf, x: buf.at[i].set(jnp.where(changed, x, buf[i])),
                             c.tape, op)
         return _Carry(
             t=t_new, y=y_new, active=active_new,
             e0=jnp.where(event, e_after, c.e0), locating=locating,
-            lo=lo, hi=hi, m_lo=m_lo, m_hi=m_hi, side=side,
-            trials=jnp.where(locating & ~start_locating, c.trials + 1, 0),
+            lo=lo, hi=hi, m_lo=m_lo, m_hi=m_hi, side=side, trials=trials,
             done=accept_free,
             events=events,
             substeps=c.substeps + 1,
             lam=jnp.where(accept_free, lam_try, c.lam),
+            fresh=restart | (event & jnp.any(held)),
             ops=c.ops + changed.astype(c.ops.dtype), tape=tape)
 
     return jax.lax.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body,
@@ -389,14 +480,16 @@ def _initial(problem: Problem, ta, y, active, e0) -> _Carry:
     zero = jnp.zeros((), dtype)
     false = jnp.asarray(False)
     n = MAX_SUBSTEPS
-    tape = _Op(jnp.zeros(n, bool), jnp.zeros(n, bool), jnp.zeros((n, r), bool),
+    rows = jnp.zeros((n, r), bool)
+    tape = _Op(jnp.zeros(n, bool), jnp.zeros(n, bool), rows,
                jnp.zeros(n, dtype), jnp.zeros(n, dtype), jnp.zeros(n, bool),
                jnp.zeros(n, bool), jnp.zeros(n, bool), jnp.zeros(n, bool),
-               jnp.zeros((n, r), bool))
+               Decision(rows, rows, rows, jnp.zeros(n, bool)))
     step_events = Events.empty(*problem.coordinates(ta, y), r, _STEP_EVENTS)
     return _Carry(ta, y, active, e0, false, zero, zero, zero, zero,
                   jnp.asarray(0), jnp.asarray(0), false, step_events,
-                  jnp.asarray(0), jnp.full(r, jnp.inf, dtype), jnp.asarray(0), tape)
+                  jnp.asarray(0), jnp.full(r, jnp.inf, dtype), false, jnp.asarray(0),
+                  tape)
 
 
 def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
@@ -413,12 +506,12 @@ def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
                                  prob.restart(t, *prob.coordinates(t, y)), y),
             lambda: y)
         y_try = _sub_step(problem, t, op.t_step, y, op.active, e0, op.moved, projection)
-        t_e, y_e, _, e_after, events = jax.lax.cond(
+        t_e, y_e, _, e_after, events, _ = jax.lax.cond(
             eqxi.unvmap_any(op.event),
             lambda: _event_at(problem, op.t_try, y_try, op.active, op.releasing,
-                              op.released, e0, events, record=op.event,
-                              dt_rest=dt_rest),
-            lambda: (op.t_try, y_try, op.active, e0, events))
+                              None, e0, events, record=op.event,
+                              dt_rest=dt_rest, decision=op.decided),
+            lambda: (op.t_try, y_try, op.active, e0, events, op.decided))
         t_new = jnp.where(op.event, t_e, jnp.where(op.free, op.t_try, t))
         y_new = jax.tree.map(
             lambda ev, fr, old: jnp.where(op.event, ev, jnp.where(op.free, fr, old)),
@@ -430,12 +523,12 @@ def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
 
 
 class StepTape(NamedTuple):
-    """What `event_step`'s search found, for its differentiable application:
-    whether the loop of sub-steps ran (`located`: some trajectory of the batch had
-    an event) and the changes it made (`ops`); the rows held at the end, their
-    multipliers (for the release there) and whether the sub-steps sufficed."""
+    """What `event_step`'s search found, for its differentiable application: the
+    changes its loop of sub-steps made (the first `count` of `ops`: one free
+    sub-step where nothing happened); the rows held at the end, their multipliers
+    (for the release there) and whether the sub-steps sufficed."""
 
-    located: Bool[Array, ""]
+    count: Array
     ops: _Op
     active: Bool[Array, " r"]
     lam: Float[Array, " r"]
@@ -450,19 +543,18 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     `projection` (of [`cdiff.Projected`][]) maps every sub-step's end onto the
     constraints with the rows held there.
 
-    Without `tape`, the step is searched, without derivatives. It is first taken
-    as a plain RK4 step with the held rows as equalities, with the monitor at its
-    end. Where no row is crossed and no held row's multiplier changes sign, that
-    is the step. Only where some trajectory of the batch has an event does the
-    loop of sub-steps run (`_locate`, from the step's start); the changes it made
-    are returned in `tape`.
+    Without `tape`, the step is searched, without derivatives, by the loop of
+    sub-steps (`_locate`), whose first sub-step is the plain RK4 step with the
+    held rows as equalities: where no row is crossed and no held row's multiplier
+    changes sign, that is the step. The changes the loop made are returned in
+    `tape`.
 
-    With the `tape` of a search, the step is applied, differentiably: the plain
-    step again, or the changes the loop made (`_replay`), to the same values to
-    round-off. Reverse mode never goes through the loop of trials, and a step
-    without events is differentiated as a plain step. `forward_mode`: the replay in
-    a plain `scan` (which `jax.jvp` differentiates) instead of the discrete
-    adjoint."""
+    With the `tape` of a search, the step is applied, differentiably: the changes
+    the loop made (`_replay`; the plain step where there was no event), to the
+    same values to round-off. Reverse mode never goes through the loop of trials,
+    and a step without events is differentiated as a plain step. `forward_mode`:
+    the replay in a `fori_loop` (which `jax.jvp` differentiates) instead of the
+    discrete adjoint."""
     if tape is None:
         final, tape = _search(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
                               projection=projection)
@@ -471,19 +563,16 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         no_events = Events.empty(*problem.coordinates(ta, y), active.shape[0],
                                  _STEP_EVENTS)
 
-        def replayed():
-            scan = jax.lax.scan if forward_mode else adjoint_scan
-            (t, y1, e1, step_events), _ = scan(
-                lambda c, op: _replay(problem, dt_rest, projection, c, op),
-                (ta, y, e0, no_events), tape.ops)
-            return t, y1, e1, step_events
+        def replay(c, op):
+            return _replay(problem, dt_rest, projection, c, op)[0]
 
-        def plain():
-            y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True),
-                           projection)
-            return tb, y1, e0, no_events
-
-        t, y, e0, step_events = jax.lax.cond(tape.located, replayed, plain)
+        init = (ta, y, e0, no_events)
+        if forward_mode:
+            t, y, e0, step_events = jax.lax.fori_loop(
+                0, tape.count, lambda i, c: replay(c, jax.tree.map(
+                    lambda x: x[i], tape.ops)), init)
+        else:
+            t, y, e0, step_events = adjoint_loop(replay, init, tape.ops, tape.count)
     # A held row that pulls at the step's end (round-off the monitor let pass) is
     # released there, so that the active set saved with the state holds only rows
     # that push. Its multipliers are the last accepted sub-step's.
@@ -508,31 +597,11 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
 
 def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     """`event_step`'s search: `(final, tape)`, the loop's carry at the step's end
-    (the plain step where no trajectory has an event) and the `StepTape`."""
-    model = problem.context.model.model
-    r = active.shape[0]
-    dtype = ta.dtype
-    prob = _with(problem, active, e0)
-    y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True), projection)
-    m_start, _ = _gap(model, ta, y[0], active)
-    m_gap, _ = _gap(model, tb, prob.coordinates(tb, y1)[0], active)
-    lam1 = jax.lax.cond(
-        eqxi.unvmap_any(jnp.any(active)),
-        lambda: held_multipliers(problem, tb, y1, active, e0, dt_rest=dt_rest),
-        lambda: jnp.full(r, jnp.inf, dtype))
-    m_end = jnp.minimum(m_gap, jnp.min(lam1, initial=jnp.inf))
-    has_event = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
-    init = _initial(problem, ta, y, active, e0)
-    plain = init._replace(t=tb, y=y1, done=jnp.asarray(True),
-                          substeps=jnp.asarray(1), lam=lam1)
-    located = eqxi.unvmap_any(has_event)
-    final = jax.lax.cond(
-        located,
-        lambda: _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
-                        projection=projection),
-        lambda: plain)
+    and the `StepTape`."""
+    final = _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
+                    projection=projection)
     lam = jnp.where(final.done, final.lam, jnp.inf)
-    return final, StepTape(located, final.tape, final.active, lam, final.done)
+    return final, StepTape(final.ops, final.tape, final.active, lam, final.done)
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,

@@ -165,44 +165,51 @@ def _axpy(y, a, k):
 
 
 def rk4_step(rate, freeze, end_step, t0, t1, y, *, rate_and_freeze=None,
-             keep_first: bool = False):
+             keep_first: bool = False, carried=None):
     """One classic RK4 step from `(t0, y)` to `t1` (the arguments as in
     [`rk4_solve`][]): `(y1, k_first, k_last)`, the state after `end_step` and the
     first and last stages' increments `h * rate` (`k_first` zero unless
-    `keep_first`)."""
+    `keep_first`).
+
+    `carried`: with `rate_and_freeze`, the value it receives at the first stage
+    and passes on from stage to stage, `rate_and_freeze(t, y, carried, h, first)
+    -> (rate, carried)` (default: the per-step data, set by the first stage); when
+    given, its value after the last stage is returned too, `(y1, k_first, k_last,
+    carried)`."""
     # Classic RK4's stage i reads only stage i - 1, y_i = y + a_i k_{i-1}: a loop
     # over the stages carries k_{i-1} and the weighted sum of the k_i (diffrax
     # keeps a buffer of all stages). Checkpointed stages: reverse mode
     # recomputes each stage for its derivative instead of storing all four
     # (faster; unrolling the stages is not: see benchmarks/HISTORY.md, 2026-11-24).
     h = t1 - t0
+    returns_carried = carried is not None
     if rate_and_freeze is None:
         frozen = freeze(t0, t1, y)
-    else:  # set by the first stage
-        frozen = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                              jax.eval_shape(freeze, t0, t1, y))
+    elif carried is None:  # the per-step data, set by the first stage
+        carried = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                               jax.eval_shape(freeze, t0, t1, y))
     dtype = jnp.result_type(h)
     a = jnp.array([0.0, 0.5, 0.5, 1.0], dtype)
     weights = jnp.array((1 / 6, 1 / 3, 1 / 3, 1 / 6), dtype)
 
     @functools.partial(jax.checkpoint, prevent_cse=False)
     def stage(i, carry):
-        # The per-step data is carried only when the first stage sets it.
-        (k_prev, total, k_first), *carried = carry
+        (k_prev, total, k_first), carried = carry
         t, y_i = t0 + a[i] * h, _axpy(y, a[i], k_prev)
         if rate_and_freeze is None:
             f = rate(t, y_i, frozen)
         else:
-            f, *carried = rate_and_freeze(t, y_i, *carried, h, i == 0)
+            f, carried = rate_and_freeze(t, y_i, carried, h, i == 0)
         k = jax.tree.map(lambda f: h * f, f)
         if keep_first:  # the first stage, for the interpolant
             k_first = jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), k, k_first)
-        return (k, _axpy(total, weights[i], k), k_first), *carried
+        return (k, _axpy(total, weights[i], k), k_first), carried
 
     zero = jax.tree.map(jnp.zeros_like, y)
-    init = ((zero, zero, zero),) + ((frozen,) if rate_and_freeze else ())
-    (k_last, increment, k_first), *_ = jax.lax.fori_loop(0, 4, stage, init)
-    return end_step(t1, jax.tree.map(jnp.add, y, increment)), k_first, k_last
+    (k_last, increment, k_first), carried = jax.lax.fori_loop(
+        0, 4, stage, ((zero, zero, zero), carried))
+    y1 = end_step(t1, jax.tree.map(jnp.add, y, increment))
+    return (y1, k_first, k_last, carried) if returns_carried else (y1, k_first, k_last)
 
 
 def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
