@@ -27,23 +27,24 @@ Each step of the grid, from $t_a$ to $t_b$, is a loop of RK4 sub-steps:
    impact, or arrived at zero speed); the energy reference of a formulation that
    holds the energy is reset to the energy after the impact. The sub-steps go on from $t^*$ to $t_b$.
 
-**What a step costs.** The loop's first sub-step is the plain RK4 step with the
-held rows as equalities, with the monitor and the held rows' multipliers at its
-end; where no row crosses and no multiplier changes sign, that is the step. The
-impact and the rest rule run only in an iteration where some trajectory of the
-batch has an event (`lax.cond`). Each iteration evaluates the dynamics at two
-sites, the sub-step's stages (whose first gives the multipliers at its start)
-and the multipliers at its end, so that a compiled program holds few copies of
-the model's dynamics. The loop runs without derivatives (`_locate`): it records
-each change it makes to the state (a restart, an accepted sub-step, an event),
-and `_replay` applies the same changes again by the same functions,
-differentiably, so that reverse mode never goes through the loop's trials (a
-step without events is replayed as its one sub-step). Over the steps, reverse
-mode is the discrete adjoint (`adjoint_scan`): each step is searched once, in
-the forward pass, which keeps what it found (`StepTape`); the backward pass
-takes the VJP of the step replayed (`adjoint_loop`, over the changes recorded),
-so a program that only runs forward holds the search alone, and a gradient
-holds it once.
+**What a step costs.** A step is first the plain RK4 step with the held rows as
+equalities, with the monitor and the held rows' multipliers at its end; where no
+row crosses and no multiplier changes sign, that is the step, and the loop above
+runs only in a step where some trajectory of the batch has an event
+(`lax.cond`). Each of the loop's iterations evaluates the dynamics at two sites,
+the sub-step's stages (whose first gives the multipliers at its start) and the
+multipliers at its end; the impact and the rest rule run only in an iteration
+with an event: a compiled program holds few copies of the model's dynamics. The
+loop runs without derivatives (`_locate`): it records each change it makes to
+the state (a restart, an accepted sub-step, an event, with what was decided at
+it), and `_replay` applies the same changes again by the same functions,
+differentiably, so that reverse mode never goes through the loop's trials, the
+impact's active-set iteration or the rest rule. Over the steps, reverse mode is
+the discrete adjoint (`adjoint_scan`): each step is searched once, in the forward
+pass, which keeps what it found (`StepTape`); the backward pass takes the VJP of
+the step applied (the plain step again, or the replay by `adjoint_loop` over the
+changes recorded), so a program that only runs forward holds the search alone,
+and a gradient holds it once.
 """
 
 from __future__ import annotations
@@ -351,8 +352,8 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
             projection) -> _Carry:
     """The loop of sub-steps of a step from `ta` to `tb` (see the module's
     docstring), without derivatives: its state at the end, and the changes it made
-    to the state (`_Carry.tape`, for `_replay`). Its first iteration is the plain
-    step: where nothing happens in it, that is the loop. Each iteration evaluates
+    to the state (`_Carry.tape`, for `_replay`). Its first iteration is the whole
+    step again. Each iteration evaluates
     the dynamics at one site, the sub-step's (whose first stage gives the held
     rows' multipliers at its start), and the multipliers at its end."""
     model = problem.context.model.model
@@ -543,18 +544,19 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     `projection` (of [`cdiff.Projected`][]) maps every sub-step's end onto the
     constraints with the rows held there.
 
-    Without `tape`, the step is searched, without derivatives, by the loop of
-    sub-steps (`_locate`), whose first sub-step is the plain RK4 step with the
-    held rows as equalities: where no row is crossed and no held row's multiplier
-    changes sign, that is the step. The changes the loop made are returned in
-    `tape`.
+    Without `tape`, the step is searched, without derivatives. It is first taken
+    as a plain RK4 step with the held rows as equalities, with the monitor at its
+    end. Where no row is crossed and no held row's multiplier changes sign, that
+    is the step. Only where some trajectory of the batch has an event does the
+    loop of sub-steps run (`_locate`, from the step's start); the changes it made
+    are returned in `tape`.
 
-    With the `tape` of a search, the step is applied, differentiably: the changes
-    the loop made (`_replay`; the plain step where there was no event), to the
-    same values to round-off. Reverse mode never goes through the loop of trials,
-    and a step without events is differentiated as a plain step. `forward_mode`:
-    the replay in a `fori_loop` (which `jax.jvp` differentiates) instead of the
-    discrete adjoint."""
+    With the `tape` of a search, the step is applied, differentiably: the plain
+    step again, or the changes the loop made (`_replay`), to the same values to
+    round-off. Reverse mode never goes through the loop of trials, and a step
+    without events is differentiated as a plain step. `forward_mode`: the replay
+    in a `fori_loop` (which `jax.jvp` differentiates) instead of the discrete
+    adjoint."""
     if tape is None:
         final, tape = _search(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
                               projection=projection)
@@ -567,12 +569,22 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
             return _replay(problem, dt_rest, projection, c, op)[0]
 
         init = (ta, y, e0, no_events)
-        if forward_mode:
-            t, y, e0, step_events = jax.lax.fori_loop(
-                0, tape.count, lambda i, c: replay(c, jax.tree.map(
-                    lambda x: x[i], tape.ops)), init)
-        else:
-            t, y, e0, step_events = adjoint_loop(replay, init, tape.ops, tape.count)
+
+        def replayed():
+            if forward_mode:
+                return jax.lax.fori_loop(0, tape.count, lambda i, c: replay(
+                    c, jax.tree.map(lambda x: x[i], tape.ops)), init)
+            return adjoint_loop(replay, init, tape.ops, tape.count)
+
+        def plain():
+            y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True),
+                           projection)
+            return tb, y1, e0, no_events
+
+        # (The plain step where no trajectory of the batch had an event: a loop
+        # costs more than its one iteration in a small model's step.)
+        t, y, e0, step_events = jax.lax.cond(eqxi.unvmap_any(tape.count != 1),
+                                             replayed, plain)
     # A held row that pulls at the step's end (round-off the monitor let pass) is
     # released there, so that the active set saved with the state holds only rows
     # that push. Its multipliers are the last accepted sub-step's.
@@ -597,9 +609,39 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
 
 def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     """`event_step`'s search: `(final, tape)`, the loop's carry at the step's end
-    and the `StepTape`."""
-    final = _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
-                    projection=projection)
+    and the `StepTape`. The plain step first, with the monitor at its end: the
+    loop of sub-steps runs only where some trajectory of the batch has an event
+    (a `while_loop` costs more than its one iteration in a small model's step)."""
+    model = problem.context.model.model
+    r = active.shape[0]
+    dtype = ta.dtype
+    prob = _with(problem, active, e0)
+    y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True), projection)
+    m_start, _ = _gap(model, ta, y[0], active)
+    m_gap, _ = _gap(model, tb, prob.coordinates(tb, y1)[0], active)
+    lam1 = jax.lax.cond(
+        eqxi.unvmap_any(jnp.any(active)),
+        lambda: held_multipliers(problem, tb, y1, active, e0, dt_rest=dt_rest),
+        lambda: jnp.full(r, jnp.inf, dtype))
+    m_end = jnp.minimum(m_gap, jnp.min(lam1, initial=jnp.inf))
+    has_event = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
+
+    def plain():
+        init = _initial(problem, ta, y, active, e0)
+        true = jnp.asarray(True)
+        op = _Op(true, jnp.asarray(False), active, tb, tb, true, true,
+                 jnp.asarray(False), jnp.asarray(False),
+                 Decision(jnp.zeros(r, bool), jnp.zeros(r, bool), active,
+                          jnp.asarray(False)))
+        tape = jax.tree.map(lambda buf, x: buf.at[0].set(x), init.tape, op)
+        return init._replace(t=tb, y=y1, done=true, substeps=jnp.asarray(1),
+                             lam=lam1, ops=jnp.asarray(1), tape=tape)
+
+    final = jax.lax.cond(
+        eqxi.unvmap_any(has_event),
+        lambda: _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
+                        projection=projection),
+        plain)
     lam = jnp.where(final.done, final.lam, jnp.inf)
     return final, StepTape(final.ops, final.tape, final.active, lam, final.done)
 
