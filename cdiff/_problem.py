@@ -112,13 +112,13 @@ class Problem(eqx.Module):
             t, y, self.context, frozen, dt, first)
 
     def dynamics(self, t, y, dt):
-        """The formulation's [`Dynamics`][] at `(t, y)` with the per-step data of a
+        """The formulation's `Dynamics` at `(t, y)` with the per-step data of a
         step of size `dt` from there (one evaluation of the model's terms where
         the formulation freezes from them)."""
         return self.dynamics_and_freeze(t, y, None, dt, True)[0]
 
     def dynamics_and_freeze(self, t, y, frozen, dt, first):
-        """As `rate_and_freeze`, the formulation's whole [`Dynamics`][]."""
+        """As `rate_and_freeze`, the formulation's whole `Dynamics`."""
         return self._fast(self.formulation.dynamics_and_freeze)(
             t, y, self.context, frozen, dt, first)
 
