@@ -117,6 +117,11 @@ class Problem(eqx.Module):
         the formulation freezes from them)."""
         return self.dynamics_and_freeze(t, y, None, dt, True)[0]
 
+    def dynamics_with(self, t, y, frozen):
+        """The formulation's `Dynamics` with the per-step data `frozen` (as
+        `rate`, the whole of it)."""
+        return self._fast(self.formulation.dynamics)(t, y, self.context, frozen)
+
     def dynamics_and_freeze(self, t, y, frozen, dt, first):
         """As `rate_and_freeze`, the formulation's whole `Dynamics`."""
         return self._fast(self.formulation.dynamics_and_freeze)(

@@ -147,7 +147,7 @@ class AbstractFormulation(eqx.Module):
 
     def dynamics_and_freeze(self, t, y, context: Context, frozen: PyTree, dt,
                             first) -> tuple[Dynamics, PyTree]:
-        """As `vector_field_and_freeze`, the whole `Dynamics` (an event
+        """As `vector_field_and_freeze`, the whole [`cdiff.Dynamics`][] (an event
         solver reads the multipliers of the held rows at a step's first stage, or
         at a state it checks). A formulation that sets `freezes_from_terms`
         computes both from one evaluation of the model's terms. Default: both,

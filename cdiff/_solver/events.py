@@ -153,6 +153,12 @@ class Decision(NamedTuple):
     held: Bool[Array, " r"]
     hit: Bool[Array, ""]
 
+    @classmethod
+    def none(cls, active) -> Decision:
+        """No event: no impact, the rows `active` held."""
+        no = jnp.zeros(active.shape, bool)
+        return cls(no, no, active, jnp.asarray(False))
+
 
 def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, *,
                record, dt_rest, decision: Decision | None = None):
@@ -272,6 +278,26 @@ def _gap(model, t, q, active):
     return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
 
+def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, check=True):
+    """The monitor over a sub-step from `(t0, y0)` to `(t1, y1)` with the rows
+    `active` held: `(m_start, m_gap, lam, m_end, crossed)`, the inactive rows'
+    minimum at its start and end, the held rows' multipliers at its end (inf where
+    not held; evaluated where some trajectory of the batch holds a row and
+    `check`s), the minimum of both at its end, and whether it crossed zero
+    downwards (an event inside the sub-step)."""
+    model = problem.context.model.model
+    m_start, _ = _gap(model, t0, y0[0], active)
+    m_gap, _ = _gap(model, t1, _with(problem, active, e0).coordinates(t1, y1)[0],
+                    active)
+    lam = jax.lax.cond(
+        eqxi.unvmap_any(jnp.any(active) & check),
+        lambda: held_multipliers(problem, t1, y1, active, e0, dt_rest=dt_rest),
+        lambda: jnp.full(active.shape, jnp.inf, t1.dtype))
+    m_end = jnp.minimum(m_gap, jnp.min(lam, initial=jnp.inf))
+    crossed = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
+    return m_start, m_gap, lam, m_end, crossed
+
+
 def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
               multipliers: bool = False):
     """An RK4 sub-step from `(t, y)` to `t_step` with the rows `active` held (and
@@ -297,8 +323,7 @@ def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
             if own:
                 dyn, frozen = prob.dynamics_and_freeze(t_i, y_i, frozen, h, first)
             else:
-                dyn = prob._fast(prob.formulation.dynamics)(t_i, y_i, prob.context,
-                                                            frozen)
+                dyn = prob.dynamics_with(t_i, y_i, frozen)
             lam = jnp.where(first, _held(problem, t_i, y_i, active, dyn.multipliers),
                             lam)
             return dyn.rate, (frozen, lam)
@@ -356,10 +381,7 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
     step again. Each iteration evaluates
     the dynamics at one site, the sub-step's (whose first stage gives the held
     rows' multipliers at its start), and the multipliers at its end."""
-    model = problem.context.model.model
-    r = active.shape[0]
-    dtype = ta.dtype
-    eps = jnp.finfo(dtype).eps
+    eps = jnp.finfo(ta.dtype).eps
 
     def body(c: _Carry) -> _Carry:
         # Illinois' trial point in the bracket, or the end of the step.
@@ -375,36 +397,27 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # After an event, a held row that pulls at the sub-step's start is released
         # there: this iteration is then that restart, and the sub-step is taken
         # again, from the state restarted with the rows left.
-        pull = c.fresh & c.active & (lam_start < 0)
-        restart = jnp.any(pull)
-        active = c.active & ~pull
-        y_start = jax.lax.cond(
+        lam_start = jnp.where(c.fresh, lam_start, jnp.inf)
+        restart = jnp.any(lam_start < 0)
+        active, y_start = jax.lax.cond(
             eqxi.unvmap_any(restart),
-            lambda: jax.tree.map(
-                lambda a, b: jnp.where(restart, a, b),
-                _with(problem, active, c.e0).restart(
-                    c.t, *problem.coordinates(c.t, c.y)), c.y),
-            lambda: c.y)
+            lambda: release(problem, c.t, c.y, c.active, c.e0, lam_start),
+            lambda: (c.active, c.y))
+        y_start = jax.tree.map(lambda a, b: jnp.where(restart, a, b), y_start, c.y)
         go = ~restart
+        # The held rows' multipliers at the end: a sign change is a release inside
+        # the step. (At the sub-step's start they push: rows that would pull were
+        # released.)
+        m_start, m_gap, lam_try, m_try, crossed = _monitor(
+            problem, c.t, c.y, t_try, y_try, active, c.e0, dt_rest=dt_rest, check=go)
+        releasing = jnp.min(lam_try, initial=jnp.inf) < m_gap
         q_try, _ = _with(problem, active, c.e0).coordinates(t_try, y_try)
-        m_start, _ = _gap(model, c.t, c.y[0], active)
-        m_gap, _ = _gap(model, t_try, q_try, active)
-        # The held rows' multipliers: a sign change is a release inside the step.
-        # (At the sub-step's start they push: rows that would pull were released.)
-        lam_try = jax.lax.cond(
-            eqxi.unvmap_any(jnp.any(active) & go),
-            lambda: held_multipliers(problem, t_try, y_try, active, c.e0,
-                                     dt_rest=dt_rest),
-            lambda: jnp.full(r, jnp.inf, dtype))
-        m_lam = jnp.min(lam_try, initial=jnp.inf)
-        releasing = m_lam < m_gap
-        m_try = jnp.minimum(m_gap, m_lam)
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q_try)))
         # (Relative to the bracket's values for multipliers, which have units of
         # force.)
         tol = 8 * eps * jnp.maximum(scale, jnp.where(
             releasing, jnp.abs(c.m_lo) + jnp.abs(c.m_hi), 0.0))
-        crossed = go & (m_try < 0) & (m_try < jnp.minimum(m_start, 0.0))
+        crossed = go & crossed
         # Free sub-step: accepted unless a row was crossed, which opens a bracket.
         start_locating = ~c.locating & crossed
         # Locating: Illinois' update, or the event when converged.
@@ -417,13 +430,11 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         released = releasing & active & (lam_try <= tol)
 
         # Computed only where some trajectory of the batch has an event.
-        none = Decision(jnp.zeros(r, bool), jnp.zeros(r, bool), active,
-                        jnp.asarray(False))
         t_e, y_e, held, e_after, events, decided = jax.lax.cond(
             eqxi.unvmap_any(event),
             lambda: _event_at(problem, t_try, y_try, active, releasing, released,
                               c.e0, c.events, record=event, dt_rest=dt_rest),
-            lambda: (t_try, y_try, active, c.e0, c.events, none))
+            lambda: (t_try, y_try, active, c.e0, c.events, Decision.none(active)))
 
         accept_free = go & ~c.locating & ~crossed
         t_new = jnp.where(event, t_e, jnp.where(accept_free, t_try, c.t))
@@ -612,27 +623,15 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     and the `StepTape`. The plain step first, with the monitor at its end: the
     loop of sub-steps runs only where some trajectory of the batch has an event
     (a `while_loop` costs more than its one iteration in a small model's step)."""
-    model = problem.context.model.model
-    r = active.shape[0]
-    dtype = ta.dtype
-    prob = _with(problem, active, e0)
     y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True), projection)
-    m_start, _ = _gap(model, ta, y[0], active)
-    m_gap, _ = _gap(model, tb, prob.coordinates(tb, y1)[0], active)
-    lam1 = jax.lax.cond(
-        eqxi.unvmap_any(jnp.any(active)),
-        lambda: held_multipliers(problem, tb, y1, active, e0, dt_rest=dt_rest),
-        lambda: jnp.full(r, jnp.inf, dtype))
-    m_end = jnp.minimum(m_gap, jnp.min(lam1, initial=jnp.inf))
-    has_event = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
+    *_, lam1, _, has_event = _monitor(problem, ta, y, tb, y1, active, e0,
+                                      dt_rest=dt_rest)
 
     def plain():
         init = _initial(problem, ta, y, active, e0)
         true = jnp.asarray(True)
         op = _Op(true, jnp.asarray(False), active, tb, tb, true, true,
-                 jnp.asarray(False), jnp.asarray(False),
-                 Decision(jnp.zeros(r, bool), jnp.zeros(r, bool), active,
-                          jnp.asarray(False)))
+                 jnp.asarray(False), jnp.asarray(False), Decision.none(active))
         tape = jax.tree.map(lambda buf, x: buf.at[0].set(x), init.tape, op)
         return init._replace(t=tb, y=y1, done=true, substeps=jnp.asarray(1),
                              lam=lam1, ops=jnp.asarray(1), tape=tape)
