@@ -8,6 +8,7 @@ import math
 import warnings
 
 import diffrax
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -245,6 +246,12 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     if r[0] == 0:
         return 0
     name = type(model).__name__
+    shape = jnp.shape(model.restitution)
+    if shape not in ((), (1,), (r[0],)):
+        raise ValueError(
+            f"{name}.restitution has shape {shape}; it must be a scalar or one "
+            f"coefficient per unilateral row: {name}.unilateral(t, q) has {r[0]} "
+            "row(s).")
     e = np.asarray(model.restitution) if is_concrete(model.restitution) else None
     if e is not None and not (np.all(e >= 0) and np.all(e <= 1)):
         raise ValueError(f"{name}.restitution must lie in [0, 1], got {e}")
@@ -277,14 +284,27 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     return r[0]
 
 
-def penetration_message(model, t0, q0) -> str:
-    """What a solve that ended with `RESULTS.penetrating_start` says: the rows
-    behind which `q0` starts, with their values (computed only then)."""
-    g = np.asarray(jax.jit(model.unilateral)(jnp.asarray(t0, q0.dtype), q0))
+def penetration_message(model, t0, q0) -> str | None:
+    """The rows of `model` behind which `q0` starts at `t0`, named with their
+    values (None if there are none): what a solve that would end with
+    `RESULTS.penetrating_start` says, before tracing where the start is
+    concrete."""
+    # (A model is a pytree of arrays: its method is not a hashable function for
+    # `jax.jit`, so the model goes in as an argument.)
+    g = np.asarray(eqx.filter_jit(lambda m, t, q: m.unilateral(t, q))(
+        model, jnp.asarray(t0, q0.dtype), q0))
     rows = np.flatnonzero(g < -np.asarray(start_tolerance(q0)))
+    if rows.size == 0:
+        return None
+    labels = getattr(model, "unilateral_labels", None)
+    named = ""
+    if labels is not None:
+        labels = labels()
+        named = " (" + ", ".join(labels[i] for i in rows) + ")"
     return (f"cdiff.simulate: the initial state violates {type(model).__name__}'s "
-            f"unilateral row(s) {rows.tolist()}: g(t0, q0) = {g[rows].tolist()}, which "
-            "must be >= 0 (a row at contact starts at 0).")
+            f"unilateral row(s) {rows.tolist()}{named}: g(t0, q0) = "
+            f"{g[rows].tolist()}, which must be >= 0 (a row at contact starts at 0). "
+            "Start inside the limits: move q0 onto or inside them.")
 
 
 def check_combination(model, formulation, control, q0, v0, t0) -> None:

@@ -8,12 +8,14 @@ import functools
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from ._kinematics import Kinematics, Terms, unilateral_jacobian
 from ._linalg import PseudoInverse, matvec
 from ._mass import checked_mass
 from ._model import AbstractModel
+from ._results import is_concrete
 
 
 class Impact(eqx.Module):
@@ -67,8 +69,26 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     - `throw`: whether a mass matrix that is not positive definite raises, or
       returns NaN (see [`cdiff.Context`][]).
     """
+    e = model.restitution if restitution is None else restitution
+    # (The rows' count, from their shape alone.)
+    r = jax.eval_shape(model.unilateral, t, jnp.asarray(q)).shape[0]
+    if jnp.shape(e) not in ((), (1,), (r,)):
+        raise ValueError(f"cdiff.impact: the restitution has shape {jnp.shape(e)}; it "
+                         f"must be a scalar or one per unilateral row ({r}).")
+    outside = "cdiff.impact: the restitution must lie in [0, 1] (NaN is not allowed)"
+    if is_concrete(e):
+        if not np.all((np.asarray(e) >= 0) & (np.asarray(e) <= 1)):
+            raise ValueError(f"{outside}; got {np.asarray(e)}.")
     law = impact_law(model, t, q, v, hit, rtol=rtol, throw=throw)
-    return law(model.restitution if restitution is None else restitution)
+    out = law(e)
+    if not is_concrete(e):
+        bad = ~jnp.all((jnp.asarray(e) >= 0) & (jnp.asarray(e) <= 1))
+        if throw:
+            out = eqx.error_if(out, bad, outside + ".")
+        else:  # (NaN, as for a mass matrix that is not positive definite)
+            out = jax.tree.map(lambda x: jnp.where(bad, jnp.nan, x)
+                               if jnp.issubdtype(x.dtype, jnp.inexact) else x, out)
+    return out
 
 
 def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True):

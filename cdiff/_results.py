@@ -50,6 +50,11 @@ class RESULTS(diffrax.RESULTS):
         "beyond round-off (sqrt(eps) times the size of q0). Start on the allowed "
         "side of every row, or at contact (g = 0)."
     )
+    bad_restitution = (
+        "cdiff.simulate: the model's restitution (a coefficient per unilateral row) "
+        "is outside [0, 1] or NaN: e > 1 would gain energy at every impact. It was "
+        "traced (inside jit, vmap or grad), so only the run could check it."
+    )
     inconsistent_constraints = (
         "cdiff.simulate: the holonomic constraints are inconsistent: no "
         "configuration satisfies them all (the solve ended at a nonzero "

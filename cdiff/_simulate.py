@@ -180,6 +180,9 @@ def simulate(
     # keeps no program with host callbacks (`cdiff.use_compilation_cache`).
     # (check_model has checked a concrete initial state's values.)
     concrete = is_concrete(model, formulation, control, q0, v0, times, solver)
+    if throw and concrete and unilateral and (
+            behind := penetration_message(original_model, times[0], q0)):
+        raise ValueError(behind)
 
     def solve(inner_throw: bool) -> Solution:
         route = choose_route(solver, stepsize_controller, saveat, adjoint, progress,
@@ -203,8 +206,6 @@ def simulate(
     if concrete and sol.result in (RESULTS.nonfinite, RESULTS.diverged):
         # A blow-up is often the symptom of constraints that no configuration meets.
         sol = _name_inconsistency(model, sol, throw=throw, start=(times[0], q0))
-    if throw and concrete and sol.result == RESULTS.penetrating_start:
-        raise ValueError(penetration_message(original_model, times[0], q0))
     if throw and concrete and not bool(sol.succeeded):
         if sol.result == RESULTS.nonfinite:
             # Where a run-time check of the model (a mass matrix no longer positive

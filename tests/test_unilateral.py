@@ -371,6 +371,52 @@ def test_restitution_outside_its_range_is_refused():
                        jnp.array([0.0]), t1=0.1, dt=1e-2)
 
 
+def test_traced_restitution_outside_its_range_ends_with_its_result_code():
+    """Inside jit (and per member of a vmapped batch) a restitution outside [0, 1]
+    or NaN cannot be refused before tracing: the solve ends with
+    `bad_restitution` at its start, raised with `throw`."""
+    def solve(e, throw=False):
+        return cdiff.simulate(Ball(restitution=e), cdiff.UdwadiaKalaba(),
+                              jnp.array([0.1]), jnp.array([0.0]), t1=0.2, dt=1e-2,
+                              throw=throw)
+
+    results = jax.jit(jax.vmap(solve))(jnp.array([0.5, 1.2, jnp.nan, -0.1, 1.0]))
+    assert [int(r) for r in results.result._value] == [
+        int(cdiff.RESULTS.successful._value)] + [
+        int(cdiff.RESULTS.bad_restitution._value)] * 3 + [
+        int(cdiff.RESULTS.successful._value)]
+    with pytest.raises(Exception, match="restitution"):
+        jax.block_until_ready(jax.jit(lambda e: solve(e, True).q)(1.2))
+
+
+def test_restitution_of_the_wrong_length_is_named():
+    class Floor(Ball):
+        def unilateral(self, t, q):
+            return jnp.concatenate([q, 1.0 - q])
+
+    with pytest.raises(ValueError, match=r"restitution has shape \(3,\).*2 row"):
+        cdiff.simulate(Floor(restitution=jnp.array([0.5, 0.5, 0.5])),
+                       cdiff.UdwadiaKalaba(), jnp.array([0.5]), jnp.array([0.0]),
+                       t1=0.1, dt=1e-2)
+    with pytest.raises(ValueError, match=r"restitution has shape \(3,\)"):
+        cdiff.impact(Floor(), 0.0, jnp.array([0.0]), jnp.array([-1.0]),
+                     restitution=jnp.array([0.5, 0.5, 0.5]))
+
+
+def test_impact_refuses_a_restitution_outside_its_range():
+    q, v = jnp.array([0.0]), jnp.array([-1.0])
+    for e in (2.0, -0.5, float("nan")):
+        with pytest.raises(ValueError, match=r"restitution must lie in \[0, 1\]"):
+            cdiff.impact(Ball(), 0.0, q, v, restitution=e)
+    bounce = jax.jit(lambda e: cdiff.impact(Ball(), 0.0, q, v, restitution=e).v)
+    np.testing.assert_allclose(bounce(0.5), [0.5], rtol=1e-15)
+    with pytest.raises(Exception, match=r"restitution must lie in \[0, 1\]"):
+        jax.block_until_ready(bounce(2.0))
+    quiet = jax.jit(lambda e: cdiff.impact(Ball(), 0.0, q, v, restitution=e,
+                                           throw=False).v)
+    assert np.isnan(quiet(2.0)).all() and not np.isnan(quiet(1.0)).any()
+
+
 def test_restitution_is_a_field_that_eqx_can_replace():
     model = eqx.tree_at(lambda m: m.restitution, Ball(), 0.25)
     assert model.restitution == 0.25

@@ -45,6 +45,16 @@ def mujoco_qpos(xml, timeconst, times, qvel=None, dt=1e-5):
     return out, lowest
 
 
+def test_a_keyframe_outside_a_range_is_refused_naming_the_joint():
+    """A MuJoCo model (a pytree of arrays) started behind one of its joint ranges:
+    a ValueError naming the joint and the range, before anything is compiled."""
+    model = cdiff.models.from_mujoco(XML.format(dt=1e-3, timeconst=0.02))
+    with pytest.raises(ValueError, match=r"row\(s\) \[0\] \(joint 'elbow' lower "
+                                          r"\(range -0.6\)\)"):
+        cdiff.simulate(model, cdiff.UdwadiaKalaba(), jnp.array([0.0, -0.7]),
+                       jnp.zeros(2), t1=0.01, dt=1e-3)
+
+
 def test_double_pendulum_on_its_elbow_limit_matches_mujoco():
     model = cdiff.models.from_mujoco(XML.format(dt=1e-3, timeconst=0.02))
     assert model.ignored == ()

@@ -46,7 +46,7 @@ from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
 from .bdf import BDF, bdf_solve
 from .events import (MAX_EVENTS, Events, _with, held_multipliers, release,
-                     start_tolerance, take_event)
+                     start_result, take_event)
 from .frozen import diffrax_problem, stepsize_tolerances
 from .projected import Projected
 from .rk4 import _show_progress
@@ -399,10 +399,7 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
             saved_active=saved_active, filled=filled,
             done=~running | ~hit | (t_end >= t1))
 
-    q0 = problem.coordinates(t0, y0)[0]
-    g0 = problem.context.model.unilateral(t0, q0)
-    start = RESULTS.where(jnp.any(g0 < -start_tolerance(q0)),
-                          RESULTS.penetrating_start, RESULTS.successful)
+    start = start_result(problem, t0, y0)
     inf = jnp.asarray(jnp.inf, dtype)
     init = _Carry(
         t=t0, y=y0, active=active0, e0=problem.context.e0, result=start,

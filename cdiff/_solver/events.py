@@ -115,6 +115,22 @@ def start_tolerance(q0):
     return jnp.sqrt(jnp.finfo(q0.dtype).eps) * jnp.maximum(1.0, jnp.max(jnp.abs(q0)))
 
 
+def start_result(problem: Problem, t0, y0):
+    """The result a solve with unilateral rows starts from, the one check of every
+    route: `RESULTS.penetrating_start` where the initial state is behind a row
+    beyond `start_tolerance`, `RESULTS.bad_restitution` where the model's
+    restitution (traced: outside `jit` `cdiff.simulate` refuses it before
+    tracing) is outside [0, 1] or NaN, otherwise successful."""
+    model = problem.context.model.model
+    q0 = problem.coordinates(t0, y0)[0]
+    g0 = model.unilateral(t0, q0)
+    e = jnp.asarray(model.restitution, q0.dtype)
+    return RESULTS.where(
+        jnp.any(g0 < -start_tolerance(q0)), RESULTS.penetrating_start,
+        RESULTS.where(~jnp.all((e >= 0) & (e <= 1)), RESULTS.bad_restitution,
+                      RESULTS.successful))
+
+
 def _with(problem: Problem, active, e0) -> Problem:
     return eqx.tree_at(lambda p: (p.context.model.active, p.context.e0), problem,
                        (active, e0))
@@ -694,10 +710,7 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     y0 = problem.y0
     active0 = problem.context.model.active
     # (Checked before tracing where the start is concrete, naming the rows.)
-    q0 = problem.coordinates(grid_ts[0], y0)[0]
-    g0 = problem.context.model.unilateral(grid_ts[0], q0)
-    start = RESULTS.where(jnp.any(g0 < -start_tolerance(q0)),
-                          RESULTS.penetrating_start, RESULTS.successful)
+    start = start_result(problem, grid_ts[0], y0)
     init = (y0, active0, problem.context.e0, start,
             Events.empty(*problem.coordinates(grid_ts[0], y0), active0.shape[0]))
     xs = (grid_ts[:steps], grid_ts[1:steps + 1])

@@ -378,6 +378,27 @@ class MuJoCoModel(AbstractModel):
             rows.append(jnp.stack([length - lo, hi - length], axis=1).reshape(-1))
         return jnp.concatenate(rows)
 
+    def unilateral_labels(self) -> tuple[str, ...]:
+        """A name for each row of `unilateral`, in its order (e.g. `"joint 'elbow'
+        lower (range -0.6)"`), for messages."""
+        m = self.mjx_model
+
+        def joint(j):
+            return f"joint {self.joint_names[j]!r}" if self.joint_names[j] else f"joint {j}"
+
+        labels = []
+        for j, _ in self._limits:
+            lo, hi = (float(x) for x in np.asarray(m.jnt_range[j]))
+            labels += [f"{joint(j)} lower (range {lo:g})",
+                       f"{joint(j)} upper (range {hi:g})"]
+        for j, _ in self._ball_limits:
+            labels.append(f"{joint(j)} cone (range {float(m.jnt_range[j, 1]):g})")
+        for k in self._tendon_limits:
+            lo, hi = (float(x) for x in np.asarray(m.tendon_range[k]))
+            labels += [f"tendon {k} lower (range {lo:g})",
+                       f"tendon {k} upper (range {hi:g})"]
+        return tuple(labels)
+
     def holonomic(self, t, q):
         """The active equality constraints' residuals (MuJoCo's `efc_pos` rows of
         type equality), shape `(m,)`."""
