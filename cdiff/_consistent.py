@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ._kinematics import holonomic_jacobian, residuals, velocity_size
+from ._kinematics import (holonomic_jacobian, residuals, velocity_constraints,
+                          velocity_size)
 from ._model import AbstractModel
 from ._projection import NewtonProjection, gauss_newton
 from ._results import is_concrete
@@ -22,7 +26,7 @@ def consistent_state(
     iterations: int = 30,
     mass_weighted: bool = False,
     rtol: float | None = None,
-    fixed: tuple[int, ...] = (),
+    fixed: int | Sequence[int] = (),
 ):
     r"""Project a guess `(q, v)` onto the position and velocity constraints.
 
@@ -51,10 +55,10 @@ def consistent_state(
     - `iterations`: the most Gauss-Newton steps (static).
     - `mass_weighted`: corrections in the kinetic metric.
     - `rtol`: relative singular-value threshold of the pseudoinverse.
-    - `fixed`: indices of velocity coordinates (entries of `v`) to hold at the
-      guess's values: the corrections move only the others. A minimum-norm
-      projection otherwise moves every coordinate, the one you chose too (a
-      four-bar's crank started at 0.4 rad ends elsewhere); for a hinge or slide
+    - `fixed`: an index, or indices, of velocity coordinates (entries of `v`) to
+      hold at the guess's values: the corrections move only the others. A
+      minimum-norm projection otherwise moves every coordinate, the one you chose
+      too (a four-bar's crank started at 0.4 rad ends elsewhere); for a hinge or slide
       joint its position is held as well (`q` and `v` share the index when the
       model has no quaternions). With as many fixed coordinates as the mechanism
       has degrees of freedom, the others follow from the constraints (one of a
@@ -91,9 +95,20 @@ def consistent_state(
     )
     if is_concrete(q, v):
         if not (float(err_q) <= tol and float(err_v) <= tol):
+            reached = (f"(max |Phi_q| = {float(err_q):.3g}, max velocity residual "
+                       f"= {float(err_v):.3g})")
+            if projection.fixed:
+                rank = int(np.linalg.matrix_rank(np.asarray(
+                    _velocity_jacobian(model, t, q, v))))
+                raise ValueError(
+                    message + f"with fixed = {projection.fixed} {reached}: "
+                    f"{len(projection.fixed)} coordinate(s) held, and the mechanism "
+                    f"has {nv - rank} degree(s) of freedom here (nv - rank A_v = "
+                    f"{nv} - {rank}). Hold at most that many coordinates, and ones "
+                    "the constraints do not tie together; or the guess is too far "
+                    "from the constraint manifold.")
             raise ValueError(
-                message + f"(max |Phi_q| = {float(err_q):.3g}, max velocity residual "
-                f"= {float(err_v):.3g}): the constraints are inconsistent (no "
+                message + f"{reached}: the constraints are inconsistent (no "
                 "configuration satisfies them all), or the guess is too far from "
                 "the constraint manifold."
             )
@@ -103,6 +118,11 @@ def consistent_state(
         message + "(inconsistent constraints, or a guess too far from them).",
     )
     return q, v
+
+
+@eqx.filter_jit
+def _velocity_jacobian(model, t, q, v):
+    return velocity_constraints(model, t, q, v)[1]
 
 
 @eqx.filter_jit

@@ -235,6 +235,15 @@ def check_model(model: AbstractModel, t0, q0, v0) -> tuple[int, int, int]:
             f"shape {_shape_str(v0)}"
         )
     qdot = shape_of("position_rate", t0, q0, v0)
+    default_rate = type(model).position_rate is AbstractModel.position_rate
+    if qdot.shape != (nq,) and default_rate:
+        raise ValueError(
+            f"q0 has shape {_shape_str(q0)}, but {name} has nv = {nv} velocities "
+            f"({name}.mass_matrix(t, q) is {nv} x {nv}) and q' = v "
+            f"(position_rate is not overridden), so q0 must have shape ({nv},). "
+            "(A model whose coordinates are not its velocities, such as one with "
+            "quaternions, overrides position_rate and integrate_position.)"
+        )
     if qdot.shape != (nq,):
         raise ValueError(
             f"{name}.position_rate(t, q, v) returned shape {qdot.shape}; expected "

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import abc
 import inspect
+import operator
 import warnings
 from collections.abc import Callable
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Float, Int
 
 from ._kinematics import holonomic_jacobian, velocity_constraints
@@ -167,8 +169,8 @@ class NewtonProjection(AbstractProjection):
     iterations: int = eqx.field(static=True, default=3)
     mass_weighted: bool = eqx.field(static=True, default=False)
     rtol: float | None = eqx.field(static=True, default=None)
-    fixed: tuple[int, ...] = eqx.field(static=True, default=(), converter=lambda x:
-                                       tuple(int(i) for i in x))
+    fixed: tuple[int, ...] = eqx.field(static=True, default=(),
+                                       converter=lambda x: _indices(x, "fixed"))
 
     def __check_init__(self):
         _check_iterations(self.iterations)
@@ -188,6 +190,16 @@ class NewtonProjection(AbstractProjection):
             mf = MassFactor(free[:, None] * M * free[None, :] + jnp.diag(1.0 - free))
         return lambda A, r: mf.unweight(
             PseudoInverse(mf.weight(A * free), self.rtol).solve(r))
+
+
+def _indices(x, name: str) -> tuple[int, ...]:
+    """`x` (an index or a sequence of them) as a tuple of ints, or a ValueError
+    naming `name`."""
+    try:
+        return tuple(operator.index(i) for i in ([x] if np.ndim(x) == 0 else x))
+    except TypeError:
+        raise ValueError(f"{name} must be an index or a sequence of integer indices, "
+                         f"got {x!r}") from None
 
 
 class GradientProjection(AbstractProjection):

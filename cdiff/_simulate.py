@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import diffrax
 import equinox as eqx
 import jax
@@ -213,7 +215,10 @@ def simulate(
             # raising names it: compiled for failed solves alone.
             solve(True)
         raise RuntimeError(sol.message)
-    return _name_inconsistency(model, sol, throw=throw)
+    sol = _name_inconsistency(model, sol, throw=throw)
+    if concrete:
+        _warn_off_constraints(original_model, sol, times[0], q0, v0)
+    return sol
 
 
 @eqx.filter_jit
@@ -266,6 +271,44 @@ def _name_inconsistency(model, sol: Solution, *, throw: bool,
     if throw:
         raise RuntimeError(sol.message)
     return sol
+
+
+# A start farther off its constraints than this (relative to the size of the
+# state) is named: the formulations keep such an error (cf. initial_state's).
+_START_TOLERANCE = 1e-6
+
+
+@eqx.filter_jit
+def _start_residuals(model, t0, q0, v0):
+    terms = model.terms(t0, q0, v0)
+    hol, vel = terms.residuals
+    return jnp.max(jnp.abs(hol), initial=0.0), jnp.max(jnp.abs(vel), initial=0.0)
+
+
+def _warn_off_constraints(model, sol: Solution, t0, q0, v0) -> None:
+    """Warn where a successful solve of one trajectory started off its
+    constraints (read from its first saved row where that is `t0`, else evaluated
+    at the start): the formulations integrate the constraints' derivatives and
+    keep the error they start with."""
+    if (sol.velocity_residual.shape[-1] == 0 or np.ndim(sol.result._value)
+            or not bool(sol.succeeded)):
+        return
+    if sol.ts.shape[0] and float(sol.ts[0]) == float(t0):
+        position = float(jnp.max(jnp.abs(sol.holonomic_residual[0]), initial=0.0))
+        velocity = float(jnp.max(jnp.abs(sol.velocity_residual[0]), initial=0.0))
+    else:
+        position, velocity = (float(x) for x in _start_residuals(model, t0, q0, v0))
+    scale = max(1.0, float(jnp.abs(q0).max(initial=0.0)),
+                float(jnp.abs(v0).max(initial=0.0)))
+    if max(position, velocity) > _START_TOLERANCE * scale:
+        warnings.warn(
+            f"cdiff.simulate: the initial state is off {type(model).__name__}'s "
+            f"constraints: max |Phi(t0, q0)| = {position:.3g} (positions), max "
+            f"|[dPhi/dt; Phi_v](t0, q0, v0)| = {velocity:.3g} (velocities), above "
+            f"{_START_TOLERANCE:g} x max(1, |q0|, |v0|). The formulations keep an "
+            "error they start with (Baumgarte's gains only damp it). Project the "
+            "start onto the constraints first: q0, v0 = cdiff.consistent_state("
+            "model, q0, v0).", stacklevel=3)
 
 
 def _floats_to_arrays(tree):

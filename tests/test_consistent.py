@@ -119,3 +119,19 @@ def test_fixed_coordinates_are_held_and_the_rest_solved():
     assert abs(float(q[2]) - theta) > 1e-3  # the control: the crank moved
     with pytest.raises(ValueError, match="6 velocity coordinates"):
         cdiff.consistent_state(model, jnp.asarray(guess_q), fixed=(6,))
+
+
+def test_fixed_takes_one_index_and_names_too_many():
+    """`fixed=2` is `fixed=(2,)`; holding two coordinates of the one-degree-of-
+    freedom slider-crank at values the constraints cannot meet together is named
+    as such (the count held and the mechanism's degrees of freedom), not as an
+    inconsistent constraint set."""
+    model = cdiff.models.SliderCrank()
+    one, _ = cdiff.consistent_state(model, GUESS_Q, GUESS_V, fixed=2)
+    same, _ = cdiff.consistent_state(model, GUESS_Q, GUESS_V, fixed=(2,))
+    np.testing.assert_array_equal(one, same)
+    with pytest.raises(ValueError, match=r"fixed = \(2, 5\).*2 coordinate\(s\) held.*"
+                                         r"1 degree\(s\) of freedom"):
+        cdiff.consistent_state(model, GUESS_Q, GUESS_V, fixed=(2, 5))
+    with pytest.raises(ValueError, match="fixed must be an index or a sequence"):
+        cdiff.NewtonProjection(fixed="crank")

@@ -6,6 +6,7 @@ with a non-successful result code.
 """
 
 import re
+import warnings
 
 import diffrax
 import equinox as eqx
@@ -104,6 +105,38 @@ def test_q0_shape_does_not_match_mass_matrix():
         "FixedMass.mass_matrix", "(2, 2)", "(3, 3)",
         call=lambda: _simulate(FixedMass(), jnp.zeros(3), jnp.zeros(3)),
     )
+
+
+def test_q0_of_the_wrong_length_is_named_before_position_rate():
+    """q0 of 3 entries for a model of 2 velocities that keeps q' = v: the message
+    names q0's shape and the model's velocities, not position_rate."""
+    msg = _raises_value_error(
+        "q0 has shape (3,)", "nv = 2", "q0 must have shape (2,)",
+        call=lambda: _simulate(FixedMass(), jnp.zeros(3), jnp.zeros(2)))
+    assert "must override position_rate" not in msg
+
+
+class CircleParticle(Particle):
+    def holonomic(self, t, q):
+        return jnp.array([q @ q - 1.0])
+
+
+@pytest.mark.parametrize("q0, v0, saveat, words", [
+    ([2.0, 0.0], [0.0, 0.0], None, "max |Phi(t0, q0)| = 3 (positions)"),
+    ([1.0, 0.0], [1.0, 0.0], cdiff.SaveAt(t1=True), "= 2 (velocities)"),
+])
+def test_a_start_off_the_constraints_is_named(q0, v0, saveat, words):
+    """A start off the circle, or moving off it: the run keeps that error, so it is
+    named with the residual and consistent_state as the fix (read from the saved
+    t0 row, or evaluated where t0 is not saved). A consistent start says
+    nothing."""
+    with pytest.warns(UserWarning, match="consistent_state") as caught:
+        _simulate(CircleParticle(), jnp.array(q0), jnp.array(v0), saveat=saveat)
+    assert words in str(caught[0].message)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _simulate(CircleParticle(), jnp.array([1.0, 0.0]), jnp.array([0.0, 1.0]),
+                  saveat=saveat)
 
 
 def test_v0_shape_differs_from_q0():

@@ -384,7 +384,8 @@ class MuJoCoModel(AbstractModel):
         m = self.mjx_model
 
         def joint(j):
-            return f"joint {self.joint_names[j]!r}" if self.joint_names[j] else f"joint {j}"
+            name = self.joint_names[j]
+            return f"joint {name!r}" if name else f"joint {j}"
 
         labels = []
         for j, _ in self._limits:
