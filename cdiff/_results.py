@@ -40,10 +40,17 @@ class RESULTS(diffrax.RESULTS):
         "cannot be met together."
     )
     event_limit = (
-        "cdiff.simulate: a step of the grid needed more sub-steps than allowed "
-        "(events located, impacts and the sub-steps between them): unilateral rows "
-        "hit and released over and over within one step (chattering). Take a "
-        "smaller dt."
+        "cdiff.simulate: a step of cdiff's RK4 loop needed more than its 64 "
+        "sub-steps (events located, impacts and the sub-steps between them): "
+        "unilateral rows hit and released over and over within one step "
+        "(chattering). Take a smaller dt."
+    )
+    too_many_events = (
+        "cdiff.simulate: the solve had more events (impacts and releases) than "
+        "simulate(..., max_events=) allows (default 256), and stopped at the first "
+        "one beyond them. Raise max_events for a run with more of them (a solve "
+        "with a diffrax solver, an adaptive step, save times or cdiff.BDF runs one "
+        "segment per event; cdiff's RK4 loop has no such cap)."
     )
     penetrating_start = (
         "cdiff.simulate: the initial state violates a unilateral row: g(t0, q0) < 0 "

@@ -18,7 +18,8 @@ from ._results import is_concrete
 from ._solution import Trajectory, plain_saveat
 from ._solver.base import innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_route
-from ._solver.event_segments import event_bdf_route, event_diffrax_route
+from ._solver.event_segments import (MAX_SEGMENTS, event_bdf_route,
+                                     event_diffrax_route)
 from ._solver.events import event_rk4_route
 from ._solver.frozen import diffrax_route
 from ._solver.grid import UniformGrid
@@ -123,19 +124,21 @@ class EventDiffraxRoute(AbstractRoute):
     max_steps: int
     throw: bool
     progress: bool = eqx.field(static=True, default=False, kw_only=True)
+    max_events: int | None = eqx.field(static=True, default=None, kw_only=True)
 
     def __call__(self, problem: Problem):
         save_ts = (None if self.save_ts is None
                    else jnp.asarray(self.save_ts, problem.t0.dtype))
+        max_events = MAX_SEGMENTS if self.max_events is None else self.max_events
         if isinstance(self.solver, BDF):
             trajectory = event_bdf_route(
                 problem, self.solver, save=self.save, save_ts=save_ts,
-                max_steps=self.max_steps, throw=self.throw)
+                max_steps=self.max_steps, throw=self.throw, max_events=max_events)
         else:
             trajectory = event_diffrax_route(
                 problem, self.solver, stepsize_controller=self.stepsize_controller,
                 save=self.save, save_ts=save_ts, max_steps=self.max_steps,
-                throw=self.throw, progress=self.progress)
+                throw=self.throw, progress=self.progress, max_events=max_events)
         constant = (not isinstance(self.solver, BDF) and isinstance(
             self.stepsize_controller, diffrax.ConstantStepSize))
         taken = problem.dt if constant else jnp.asarray(jnp.nan, problem.q0.dtype)
@@ -277,13 +280,14 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
 
 
 def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
-                 max_steps: int, throw: bool, times, *, unilateral: bool = False
-                 ) -> AbstractRoute:
+                 max_steps: int, throw: bool, times, *, unilateral: bool = False,
+                 max_events: int | None = None) -> AbstractRoute:
     """The route of a solve: `cdiff.BDF` by its own; cdiff's RK4 loop where it
     applies (see `_own_loop_steps`); else `diffrax.diffeqsolve`. For a model with
     `unilateral` rows (`check_unilateral` has checked the solve), cdiff's RK4 loop
     with events where it applies (also for `Projected(RK4())`, without save
-    times), else segments of `diffrax.diffeqsolve` between events."""
+    times), else segments of `diffrax.diffeqsolve` between events (at most
+    `max_events`, default 256; refused on the RK4 loop, which has no such cap)."""
     if unilateral:
         sub = plain_saveat(saveat)
         save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
@@ -291,11 +295,19 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
             if progress:
                 raise ValueError("cdiff.simulate: progress=True is not supported "
                                  "with cdiff.BDF")
-            return EventDiffraxRoute(solver, None, save, sub.ts, max_steps, throw)
+            return EventDiffraxRoute(solver, None, save, sub.ts, max_steps, throw,
+                                     max_events=max_events)
         projected = type(solver) is Projected
         steps = _own_loop_steps(solver.solver if projected else solver,
                                 stepsize_controller, saveat, adjoint, max_steps, times)
         if steps is not None and sub.ts is None:
+            if max_events is not None:
+                raise ValueError(
+                    "cdiff.simulate: max_events caps the events of a solve in "
+                    "segments (a diffrax solver, an adaptive step, save times or "
+                    "cdiff.BDF); this solve runs on cdiff's RK4 loop, which takes "
+                    "any number of events (at most 64 sub-steps in a step). Leave "
+                    "max_events out.")
             return EventRK4Route(steps, save, max_steps, throw,
                                  solver.projection if projected else None, progress,
                                  isinstance(adjoint, diffrax.ForwardMode))
@@ -310,7 +322,7 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
         return EventDiffraxRoute(solver, stepsize_controller, save, sub.ts, max_steps,
                                  throw, reschedule=getattr(innermost(solver),
                                                            "fast_paths", True),
-                                 progress=progress)
+                                 progress=progress, max_events=max_events)
     if isinstance(solver, BDF):
         return _bdf_route(solver, saveat, adjoint, progress, max_steps, throw=throw)
     return _ode_route(solver, stepsize_controller, saveat, adjoint, progress,

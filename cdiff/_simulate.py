@@ -52,6 +52,7 @@ def simulate(
     throw: bool = True,
     progress: bool = False,
     divergence: float | None = DIVERGENCE,
+    max_events: int | None = None,
 ) -> Solution:
     r"""Simulate `model` with `formulation` from `(q0, v0)` at time `t0` to `t1`.
 
@@ -136,6 +137,12 @@ def simulate(
       $10^{80}$ and more before they overflow. Default $10^8$; `None` turns the
       test off. Only saved states are tested: with `saveat` at `t1` alone, a
       blow-up that recovers is not seen (none does in practice).
+    - `max_events`: for a model with unilateral rows solved in segments between
+      events (a diffrax solver, an adaptive step, save times, or `cdiff.BDF`), the
+      most events (impacts and releases) the solve takes: it ends with
+      `cdiff.RESULTS.too_many_events` at the first one beyond; default 256
+      (static). cdiff's RK4 loop has
+      no such cap (at most 64 sub-steps in a step), and refuses it.
 
     **Returns:** a [`cdiff.Solution`][].
 
@@ -159,8 +166,16 @@ def simulate(
                            constant=constant, sizes=(nq + v0.shape[0], m + p),
                            dtype=dtype)
     check_combination(model, formulation, control, q0, v0, t0)
+    if max_events is not None and not (isinstance(max_events, (int, np.integer))
+                                       and not isinstance(max_events, bool)
+                                       and max_events >= 1):
+        raise ValueError("cdiff.simulate: max_events must be a positive int (static), "
+                         f"got {max_events!r}")
     unilateral = check_unilateral(model, formulation, solver, stepsize_controller,
                                   saveat, adjoint, control, t0, q0)
+    if max_events is not None and not unilateral:
+        raise ValueError(f"cdiff.simulate: max_events caps the events of unilateral "
+                         f"rows, and {type(model).__name__} has none.")
     original_model = model
     if unilateral:
         # Rows held as equalities while active: none at the start (a row at
@@ -189,7 +204,7 @@ def simulate(
     def solve(inner_throw: bool) -> Solution:
         route = choose_route(solver, stepsize_controller, saveat, adjoint, progress,
                              max_steps, inner_throw, (t0, t1, dt),
-                             unilateral=bool(unilateral))
+                             unilateral=bool(unilateral), max_events=max_events)
         return _solve(route, model, formulation, control, q0, v0, *times,
                       throw=inner_throw, checks=inner_throw, checked=concrete,
                       divergence=divergence)

@@ -161,3 +161,26 @@ def test_what_diffrax_cannot_take_is_named():
         cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([1.0]),
                        jnp.array([0.0]), t1=0.1, dt=1e-2, solver=diffrax.Tsit5(),
                        adjoint=diffrax.ForwardMode())
+
+
+def test_the_cap_on_events_is_named_and_an_option():
+    """`max_events` caps a solve in segments: three allowed, the ball's fourth
+    impact ends it with `too_many_events` (naming the option), after its first
+    three impacts at their closed-form times (the uncapped solve takes 7 before
+    t = 1.5). Where it cannot apply it is refused."""
+    def solve(max_events):
+        return cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([1.0]),
+                              jnp.array([0.0]), t1=1.5, dt=1e-2, solver=diffrax.Tsit5(),
+                              stepsize_controller=PID, saveat=cdiff.SaveAt(t1=True),
+                              throw=False, max_events=max_events)
+
+    capped = jax.jit(lambda: solve(3))()
+    assert capped.result == cdiff.RESULTS.too_many_events
+    assert "max_events" in capped.message
+    np.testing.assert_allclose(np.asarray(capped.stats["events"].t[:3]),
+                               ball_impacts(1.0, 0.5, 3)[0], rtol=0, atol=1e-10)
+    with pytest.raises(ValueError, match="cdiff's RK4 loop.*max_events out"):
+        cdiff.simulate(Ball(), cdiff.UdwadiaKalaba(), jnp.array([1.0]),
+                       jnp.array([0.0]), t1=0.1, dt=1e-2, max_events=3)
+    with pytest.raises(ValueError, match="max_events must be a positive int"):
+        solve(0)

@@ -51,7 +51,8 @@ from .frozen import diffrax_problem, stepsize_tolerances
 from .projected import Projected
 from .rk4 import _show_progress
 
-# Segments (one per event, plus the last) per solve.
+# Events per solve by default (`simulate(..., max_events=)`): one segment each,
+# plus the last.
 MAX_SEGMENTS = 256
 _STEPS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 
@@ -263,35 +264,42 @@ def _bdf_segment(solver: BDF, *, max_steps: int, save_steps: bool):
 
 def event_diffrax_route(problem: Problem, solver, *, stepsize_controller,
                         save: tuple[bool, bool, bool], save_ts, max_steps: int,
-                        throw: bool, progress: bool = False) -> Trajectory:
+                        throw: bool, progress: bool = False,
+                        max_events: int = MAX_SEGMENTS) -> Trajectory:
     """Integrate `problem` (whose model is a [`WithUnilateral`][]) by segments of
     `diffrax.diffeqsolve` between events (see the module): the route of
     [`cdiff.simulate`][] for a model with unilateral rows and a diffrax solver,
     an adaptive step or save times. `save`: `(t0, t1, steps)`; `save_ts`: the save
-    times or None; `progress`: a progress bar over the whole solve."""
+    times or None; `progress`: a progress bar over the whole solve; `max_events`:
+    the most events, after which the solve ends with `RESULTS.too_many_events`."""
     segment = _diffrax_segment(solver, stepsize_controller, max_steps=max_steps,
                                save_steps=save[2], progress=progress)
     projection = solver.projection if type(solver) is Projected else None
     trajectory = _segments(problem, segment, save=save, save_ts=save_ts,
-                           max_steps=max_steps, throw=throw, projection=projection)
+                           max_steps=max_steps, throw=throw, projection=projection,
+                           max_events=max_events)
     if progress:  # closes the bar, after the loop (it reads its result)
         jax.debug.callback(_show_progress, jnp.ones(()), trajectory.ts[-1:])
     return trajectory
 
 
 def event_bdf_route(problem: Problem, solver: BDF, *, save: tuple[bool, bool, bool],
-                    save_ts, max_steps: int, throw: bool) -> Trajectory:
+                    save_ts, max_steps: int, throw: bool,
+                    max_events: int = MAX_SEGMENTS) -> Trajectory:
     """Integrate `problem` (a DAE formulation, whose model is a
     [`WithUnilateral`][]) by segments of cdiff's BDF between events: the route of
     [`cdiff.simulate`][] for a model with unilateral rows and [`cdiff.BDF`][]."""
     segment = _bdf_segment(solver, max_steps=max_steps, save_steps=save[2])
     return _segments(problem, segment, save=save, save_ts=save_ts,
-                     max_steps=max_steps, throw=throw, projection=None)
+                     max_steps=max_steps, throw=throw, projection=None,
+                     max_events=max_events)
 
 
 def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_ts,
-              max_steps: int, throw: bool, projection) -> Trajectory:
-    """The loop of segments (see the module), each solved by `segment`."""
+              max_steps: int, throw: bool, projection,
+              max_events: int = MAX_SEGMENTS) -> Trajectory:
+    """The loop of segments (see the module), each solved by `segment`: at most
+    `max_events` events (the segment after the last of them included)."""
     save_t0, save_t1, save_steps = save
     t0, t1, dt = problem.t0, problem.t1, problem.dt
     y0 = problem.y0
@@ -408,10 +416,10 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
         ys=jax.tree.map(lambda x: jnp.full((n,) + x.shape, inf, x.dtype), y0),
         saved_active=jnp.zeros((n, r), bool), filled=jnp.asarray(0),
         done=start != RESULTS.successful)
-    final = eqxi.while_loop(lambda c: ~c.done, body, init, max_steps=MAX_SEGMENTS,
+    final = eqxi.while_loop(lambda c: ~c.done, body, init, max_steps=max_events + 1,
                             kind="checkpointed")
     result = RESULTS.where((final.result == RESULTS.successful) & ~final.done,
-                           RESULTS.event_limit, final.result)
+                           RESULTS.too_many_events, final.result)
     ended = result == RESULTS.successful
 
     def row(t, y, active):
