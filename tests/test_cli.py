@@ -931,3 +931,74 @@ def test_ctrl_c_in_a_step_size_study_keeps_the_finished_formulations(
         assert list(saved["formulation"]) == ["Baumgarte (best gains)"] * 2
         np.testing.assert_array_equal(saved["dt"], [0.1, 0.05])
         assert np.all(np.isfinite(saved["max_constraint_error"]))
+
+
+class _Ball(cdiff.AbstractModel):
+    """A ball dropped on the floor (the row q0 >= 0, plastic impacts), beside a
+    coordinate that does not move."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2)
+
+    def forces(self, t, q, v):
+        return jnp.array([-9.81, 0.0])
+
+    def unilateral(self, t, q):
+        return q[:1]
+
+    def energy(self, t, q, v):
+        return 0.5 * jnp.sum(v**2) + 9.81 * q[0]
+
+
+def test_run_with_limits_reports_impacts_apart(monkeypatch, tmp_path, capsys):
+    """A model with unilateral rows (a ball that falls onto the floor): the plastic
+    impacts' losses are reported as such, apart from the energy error, in the
+    table and in the npz (count, energy lost, the impacts, the held rows); the
+    figure shows the coordinates that move. And Ctrl-C once the figure is written
+    keeps it, and says so (it said "(no figure)")."""
+    case = cli._Case("ball", _Ball(), np.array([0.2, 1.0]), np.zeros(2), 0.5, 0.01,
+                     None, None, ("height [m]", "still [m]"))
+    monkeypatch.setattr(cli, "_case", lambda args, parser: case)
+    kept = []
+    start = cli._Phases.start
+
+    def start_and_stop_at_writing(self, key, message):
+        if key == "writing":  # Ctrl-C now: what would the watcher write?
+            kept.append(self.interrupt.keep())
+        start(self, key, message)
+
+    monkeypatch.setattr(cli._Phases, "start", start_and_stop_at_writing)
+    out = tmp_path / "out"
+    assert cli.main(["run", "ball", "--no-progress", "--out", str(out)]) == 0
+    table = capsys.readouterr().out
+    png, npz = out / "ball.png", out / "ball.npz"
+    assert kept == [f"wrote {png}; wrote the solve's 51 saved states to {npz}"]
+    with np.load(npz) as data:
+        settings = json.loads(str(data["settings"]))
+        count, lost = settings["impacts"], settings["energy_lost_at_impacts"]
+        assert count == 1 and data["impact_t"].shape == (1,)
+        # The ball hits at t = sqrt(2 h / g) with all its kinetic energy lost.
+        assert data["impact_t"][0] == pytest.approx(np.sqrt(0.4 / 9.81), rel=1e-6)
+        assert lost == pytest.approx(9.81 * 0.2, rel=1e-6)
+        np.testing.assert_allclose(data["impact_energy_lost"], [lost])
+        energy, so_far = data["energy"], data["energy_lost_so_far"]
+        # The energy error leaves out the impact's loss: round-off, while the
+        # energy itself dropped by what the impact took.
+        assert energy[0] - energy[-1] == pytest.approx(lost, rel=1e-6)
+        assert settings["max_energy_error"] == pytest.approx(
+            np.max(np.abs(energy - energy[0] + so_far)))
+        assert settings["max_energy_error"] < 1e-9
+        assert data["active"].shape == (51, 1)
+        assert data["active"][-1, 0] and not data["active"][0, 0]
+        assert settings["rows_active_at_end"] == [0]
+    assert re.search(r"^impacts\s+1; energy lost at them "
+                     + re.escape(f"{lost:.3e} J") + "$", table,
+                     re.MULTILINE), table
+    assert re.search(r"^unilateral rows\s+1; held at some saved state: 0; at the "
+                     r"end: 0$", table, re.MULTILINE), table
+    assert "(|E - E0 + lost at impacts so far|, J)" in table
+    # The figure: the coordinate that moves, not the one that does not.
+    with np.load(npz) as data:
+        fig = _figure.figure(dict(data), (), "t", case.observable_names)
+    (ax,) = [a for a in fig.axes if a.get_gid() == "observable[m]"]
+    assert [line.get_label() for line in ax.get_lines()] == ["height"]

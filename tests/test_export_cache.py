@@ -12,6 +12,7 @@ import subprocess
 import sys
 import threading
 import time
+import warnings
 from pathlib import Path
 
 import equinox as eqx
@@ -396,6 +397,42 @@ def test_a_damaged_file_is_ignored_and_rewritten(damage, cache):
     assert cdiff.cached_jit(energy).compile(spring(), X).source == "disk"
 
 
+def test_an_unreadable_jax_cache_entry_is_replaced(cache):
+    """An entry of JAX's own cache (XLA's program) truncated or garbage: JAX
+    warns and compiles, but never writes over an existing file, so every later
+    process would warn again. cdiff replaces it (saying so), and the next
+    compile is a hit, silently."""
+    cdiff.cached_jit(energy)(spring(), X)
+    (entry,) = cache.glob("jit_energy-*-cache")
+    whole = entry.read_bytes()
+    entry.write_bytes(whole[:100])
+    with pytest.warns(UserWarning, match=r"jit_energy-.*-cache could not be read "
+                      r".*replaced by the program compiled now"):
+        compiled = cdiff.cached_jit(energy).compile(spring(), X)
+    assert compiled.source == "disk"  # (the exported program was fine)
+    assert_same(compiled(spring(), X), eqx.filter_jit(energy)(spring(), X))
+    # Written anew under the same key (XLA's bytes may differ a little).
+    assert len(compilation_cache.decompress_executable(entry.read_bytes())) > 4
+    assert abs(len(entry.read_bytes()) - len(whole)) < 0.1 * len(whole)
+    with Hits() as hits, warnings.catch_warnings():
+        warnings.simplefilter("error")
+        cdiff.cached_jit(energy).compile(spring(), X)
+    assert hits.count == 1
+
+
+def test_a_second_cache_folder_takes_over(tmp_path, cache):
+    """`use_compilation_cache(d2)` after a compile in `d1`: what compiles next
+    goes to d2, JAX's programs as well as cdiff's exported ones (JAX opens its
+    cache once; cdiff reopens it)."""
+    cdiff.cached_jit(energy)(spring(), X)
+    first = sorted(p.name for p in cache.rglob("*") if p.is_file())
+    other = cdiff.use_compilation_cache(tmp_path / "other")
+    assert other == tmp_path / "other"
+    cdiff.cached_jit(energy)(spring(power=3), X)  # another program
+    assert sorted(p.name for p in cache.rglob("*") if p.is_file()) == first
+    assert len(stored(other)) == 1 and len(list(other.glob("jit_energy-*"))) == 1
+
+
 # ---------------------------------------------------------------------------
 # (f) a file where a folder should be
 
@@ -407,14 +444,27 @@ def test_a_file_where_the_folder_should_be(tmp_path, capsys, monkeypatch, no_cac
         cdiff.use_compilation_cache(file)
     with pytest.raises(ValueError, match="is a file, not a folder"):
         cdiff.use_compilation_cache(file / "below")
-    # The command line runs on without a cache, saying why.
+    # The command line: a CDIFF_COMPILATION_CACHE that names a file is a user
+    # error, one line naming the variable and the path, exit 2, before any work.
+    from cdiff import cli
     from cdiff._cache import cli_compilation_cache
 
     monkeypatch.setenv("CDIFF_COMPILATION_CACHE", str(file))
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "slider-crank", "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    assert info.value.code == 2
+    assert err.strip() == (f"cdiff: error: CDIFF_COMPILATION_CACHE={file}: {file} "
+                           "(or a folder above it) is a file, not a folder; set it "
+                           "to a folder, or to 0 to compile without a cache"), err
+    assert not (tmp_path / "out").exists()
+    # The default folder failing only warns: the command runs on, without one.
+    monkeypatch.delenv("CDIFF_COMPILATION_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(file))
     assert cli_compilation_cache() is None
     err = capsys.readouterr().err
     assert "cdiff: warning:" in err and "is a file, not a folder" in err
-    assert "Traceback" not in err
+    assert "CDIFF_COMPILATION_CACHE" in err and "Traceback" not in err
     # JAX's cache in a folder whose `exported` is a file: a warning, then jit.
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "exported").write_text("")

@@ -586,6 +586,11 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
     }
     if sol.energy is not None:
         data["energy"] = np.asarray(sol.energy)[valid]
+    impacts = _impacts(model, sol, ts) if sol.unilateral is not None else None
+    if impacts is not None:
+        data.update(unilateral=np.asarray(sol.unilateral)[valid],
+                    active=np.asarray(sol.active)[valid],
+                    **{k: v for k, v in impacts.items() if isinstance(v, np.ndarray)})
     npz_path = args.out / f"{case.name}.npz"
     png_path = args.out / f"{case.name}.png"
     interrupt = phases.interrupt
@@ -614,6 +619,15 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
                     observable=obs, reference_observable=ref_obs,
                     observable_error=obs_error)
     summary = _errors(data, n_holonomic, n_nonholonomic, conservative)
+    if impacts is not None:
+        summary.update(impacts=impacts["count"],
+                       impacts_recorded=impacts["recorded"],
+                       energy_lost_at_impacts=impacts["energy_lost"],
+                       unilateral_rows=int(data["active"].shape[-1]),
+                       rows_ever_active=[int(i) for i in np.flatnonzero(
+                           np.any(data["active"], axis=0))],
+                       rows_active_at_end=[int(i) for i in np.flatnonzero(
+                           data["active"][-1])] if ts.size else [])
 
     dt_taken = float(sol.dt)
     if dae:
@@ -630,8 +644,10 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
                                 "n/a (no holonomic constraints)")
         velocity_row = _value(summary["max_velocity_constraint_error"],
                               "(|[dPhi_q/dt; Phi_v]|)", "n/a (no constraints)")
-        energy_row = _value(summary["max_energy_error"], "(|E - E0|, J)",
-                            "n/a (the model defines no energy)")
+        energy_row = _value(summary["max_energy_error"], "(|E - E0|, J)" if (
+            impacts is None or "energy_lost_so_far" not in data) else
+            "(|E - E0 + lost at impacts so far|, J)",
+            "n/a (the model defines no energy)")
         obs_row = _value(summary["max_observable_error"],
                          f"({_names_summary(names)})",
                          "n/a (no reference solution)")
@@ -657,6 +673,8 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
         ("max observable error", obs_row),
         ("steps/s", f"{steps / run_time:,.0f}  (run only)"),
     ]
+    if impacts is not None:
+        rows[11:11] = _impact_rows(summary, impacts)
     if sol.message:
         rows.insert(8, ("result", "diverged" if diverged else "stopped early"))
 
@@ -705,6 +723,12 @@ def _run(args, parser, phases: _Phases | None = None) -> int:
             _figure.plot(png_path, data, names, title,
                              coordinate_names=case.observable_names)
             written.append(png_path)
+
+            def keep():  # the figure is written: the rows still to write
+                np.savez(npz_path, **data)
+                return (f"wrote {png_path}; wrote the solve's {ts.size:,} saved "
+                        f"states to {npz_path}")
+            interrupt.keep = keep
         phases.start("writing", f"writing {npz_path}")
         settings["plot_time_s"] = phases.times["plotting"]
         settings["wall_time_s"] = phases.total()  # (up to this write)
@@ -772,7 +796,9 @@ def _errors(data: dict, n_holonomic: int, n_nonholonomic: int,
     """The largest errors over the rows of `data`, as Python floats, `None` where
     one does not apply: no holonomic constraints, no constraints at all, no energy
     (or, for the energy *error*, a model that is not conservative: its energy
-    change instead), no reference, or no rows."""
+    change instead), no reference, or no rows. With impacts
+    (`energy_lost_so_far`), the energy error leaves out what they took (the
+    model's dissipation); `energy_change` is the whole change."""
     def largest(key, applies=True):
         x = data.get(key)
         if not applies or x is None or x.size == 0:
@@ -782,6 +808,9 @@ def _errors(data: dict, n_holonomic: int, n_nonholonomic: int,
     energy = data.get("energy")
     change = (None if energy is None or energy.size == 0
               else float(energy[-1] - energy[0]))
+    if energy is not None and "energy_lost_so_far" in data:
+        # What the impacts took is the model's dissipation: the error is the rest.
+        energy = energy + data["energy_lost_so_far"]
     return {
         "max_constraint_error": largest("holonomic_residual", n_holonomic > 0),
         "max_velocity_constraint_error": largest(
@@ -792,6 +821,60 @@ def _errors(data: dict, n_holonomic: int, n_nonholonomic: int,
         "energy_change": change,
         "max_observable_error": largest("observable_error"),
     }
+
+
+def _impacts(model, sol, ts: np.ndarray) -> dict:
+    """A model with unilateral rows: its impacts (`sol.stats["events"]`) as the
+    npz's `impact_*` arrays (the recorded ones, in order: time, state, velocities
+    before and after, impulse per row, the rows hit and those stopped by the rest
+    rule, and the energy each took, E before - E after), their `count` (all of
+    them; the first `recorded` are kept), the total `energy_lost` (J; None
+    without an energy) and `energy_lost_so_far`, the energy the impacts took up
+    to each saved time: a plastic impact's loss is the model's dissipation, not
+    an integration error."""
+    events = sol.stats["events"]
+    count = int(events.count)
+    n = min(count, int(events.t.shape[0]))
+    out = {"count": count, "recorded": n, "energy_lost": None,
+           "impact_t": np.asarray(events.t)[:n],
+           "impact_q": np.asarray(events.q)[:n],
+           "impact_v_before": np.asarray(events.v_before)[:n],
+           "impact_v_after": np.asarray(events.v_after)[:n],
+           "impact_impulse": np.asarray(events.impulse)[:n],
+           "impact_rows": np.asarray(events.rows)[:n],
+           "impact_rest": np.asarray(events.rest)[:n]}
+    if sol.energy is not None:
+        energy = eqx.filter_jit(jax.vmap(type(model).energy, (None, 0, 0, 0)))
+        t, q = events.t[:n], events.q[:n]
+        lost = np.asarray(energy(model, t, q, events.v_before[:n])
+                          - energy(model, t, q, events.v_after[:n]), np.float64)
+        out["impact_energy_lost"] = lost
+        out["energy_lost"] = float(np.sum(lost))
+        # (An impact at a saved time is in that row's state: it counts there.)
+        out["energy_lost_so_far"] = np.array(
+            [np.sum(lost[out["impact_t"] <= t]) for t in ts])
+    return out
+
+
+def _impact_rows(summary: dict, impacts: dict) -> list[tuple[str, str]]:
+    """The table's rows on the impacts and the held unilateral rows."""
+    count, recorded = impacts["count"], impacts["recorded"]
+    if count == 0:
+        hits = "none"
+    else:
+        lost = ("" if impacts["energy_lost"] is None else
+                f"; energy lost at them {impacts['energy_lost']:.3e} J")
+        more = (f" (the first {recorded} recorded)" if recorded < count else "")
+        hits = f"{count}{more}{lost}"
+    held = summary["rows_ever_active"]
+    at_end = summary["rows_active_at_end"]
+    return [("impacts", hits),
+            ("unilateral rows", f"{summary['unilateral_rows']}; held at some saved "
+             f"state: {_row_list(held)}; at the end: {_row_list(at_end)}")]
+
+
+def _row_list(rows: list[int]) -> str:
+    return "none" if not rows else ", ".join(map(str, rows))
 
 
 def _check_out(parser, option: str, directory: Path, names) -> list[Path]:
@@ -866,9 +949,10 @@ def main(argv: list[str] | None = None) -> int:
         return _list()
     # The references are float64; --float32 only casts the simulated state.
     jax.config.update("jax_enable_x64", True)
-    # A later run of the same model and settings loads its compiled programs.
-    cli_compilation_cache()
     try:
+        # A later run of the same model and settings loads its compiled programs
+        # (a CDIFF_COMPILATION_CACHE that cannot be used is a user error).
+        cli_compilation_cache()
         if args.command == "study":
             _study.check(args, args.parser)
             phases.interrupt.created += _check_out(args.parser, "--out", args.out,

@@ -41,16 +41,18 @@ def figure(data: dict, names: tuple[str, ...], title: str,
             coordinate_names: tuple[str, ...] = ()):
     """The figure of `cdiff run`, one quantity with one unit per panel:
 
-    - the observables with their reference (without a reference: the first
-      coordinates), one row per unit; over a run of many oscillations, two windows
-      of the first and the last few periods side by side (the whole run would be
-      a solid block), so the drift of phase and amplitude shows;
+    - the observables with their reference (without a reference: the
+      coordinates that move, the `PLOTTED` that move most), one row per unit;
+      over a run of many oscillations, two windows of the first and the last few
+      periods side by side (the whole run would be a solid block), so the drift
+      of phase and amplitude shows;
     - the observable error |y - y_ref|, one panel per unit, a line per observable
       (their maximum for more than `PLOTTED`);
     - the position-level constraint residual max |Phi_q| and the velocity-level
       one max |[dPhi_q/dt; Phi_v]|, separately;
     - the energy error |E - E0| (its change, for a model that is not
-      conservative).
+      conservative); with impacts, |E - E0 + E_lost|, what the impacts took so
+      far left out (`energy_lost_so_far`), their times marked.
 
     The error panels are log scales against the whole run; over a long run each
     point is the maximum over a bin of 1/`BINS` of it (the upper envelope, which
@@ -72,6 +74,10 @@ def figure(data: dict, names: tuple[str, ...], title: str,
         shown, reference = data["q"], None
         labels = (coordinate_names if len(coordinate_names) == shown.shape[1]
                   else tuple(f"q[{i}]" for i in range(shown.shape[1])))
+        # The coordinates that move (a limb on its limit, a fixed base do not).
+        moving = _moving(shown)
+        if moving.size:
+            shown, labels = shown[:, moving], tuple(labels[i] for i in moving)
     plotted = _by_unit(labels[:PLOTTED])
     errors = _by_unit(labels) if reference is not None else {}
     window = _window(ts, shown[:, :PLOTTED])
@@ -164,10 +170,20 @@ def figure(data: dict, names: tuple[str, ...], title: str,
         else:
             ax.set_gid(kind)
             energy = data["energy"]
-            _log_line(ax, ts, energy - energy[0], r"$|E - E_0|$", "C2", alone=True)
-            ax.set_ylabel(("energy error" if conservative else
-                           "energy change\n(not conservative)")
-                          + "\n" r"$|E - E_0|$ [J]", fontsize=8)
+            if "energy_lost_so_far" in data:  # impacts: their losses left out
+                label = r"$|E - E_0 + E_\mathrm{lost}|$"
+                _log_line(ax, ts, energy - energy[0] + data["energy_lost_so_far"],
+                          label, "C2", alone=True)
+                for t in data.get("impact_t", ()):
+                    ax.axvline(t, color="0.6", lw=0.5, zorder=0)
+                ax.set_ylabel("energy error\n(less impacts' losses,\ngrey: impacts)"
+                              + "\n" + label + " [J]", fontsize=8)
+            else:
+                _log_line(ax, ts, energy - energy[0], r"$|E - E_0|$", "C2",
+                          alone=True)
+                ax.set_ylabel(("energy error" if conservative else
+                               "energy change\n(not conservative)")
+                              + "\n" r"$|E - E_0|$ [J]", fontsize=8)
         if bins and not noted and kind != "no constraints":
             ax.set_title(bins, fontsize=7, loc="right", color="0.35")
             noted = True
@@ -181,6 +197,21 @@ def figure(data: dict, names: tuple[str, ...], title: str,
     for ax in fig.axes:
         ax.tick_params(which="both", labelsize=7)
     return fig
+
+
+def _moving(q: np.ndarray) -> np.ndarray:
+    """The columns of `q` that move over the run (their range above round-off of
+    their size), the `PLOTTED` that move most where more do, in order."""
+    if q.shape[0] < 2:
+        return np.arange(0)
+    with warnings.catch_warnings():  # (all-NaN columns: not moving)
+        warnings.simplefilter("ignore", RuntimeWarning)
+        span = np.nan_to_num(np.nanmax(q, axis=0) - np.nanmin(q, axis=0))
+        size = np.nan_to_num(np.nanmax(np.abs(q), axis=0))
+    moving = np.flatnonzero(span > 1e-9 * np.maximum(1.0, size))
+    if moving.size > PLOTTED:
+        moving = np.sort(moving[np.argsort(-span[moving], kind="stable")[:PLOTTED]])
+    return moving
 
 
 def _with_unit(text: str, unit: str | None) -> str:
