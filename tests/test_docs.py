@@ -4,6 +4,7 @@ docstring or page names a file that is not in the repository."""
 
 import ast
 import builtins
+import html.parser
 import json
 import os
 import re
@@ -25,24 +26,31 @@ PACKAGE = ROOT / "cdiff"
 NAMESPACES = (cdiff, cdiff.models, cdiff.studies, cdiff.control, cdiff.analysis)
 
 
-def test_mkdocs_build_strict(tmp_path):
-    """`mkdocs build --strict` succeeds; on failure, mkdocs's output says why."""
+@pytest.fixture(scope="module")
+def built_site(tmp_path_factory):
+    """`mkdocs build --strict`, run once for the tests that read the built site:
+    `(the finished process, the site's directory)`."""
+    site = tmp_path_factory.mktemp("docs") / "site"
     env = dict(os.environ, NO_MKDOCS_2_WARNING="1")
     command = [sys.executable, "-m", "mkdocs", "build", "--strict",
-               "--config-file", str(ROOT / "mkdocs.yml"),
-               "--site-dir", str(tmp_path / "site")]
+               "--config-file", str(ROOT / "mkdocs.yml"), "--site-dir", str(site)]
     run = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=900)
+    return run, site
+
+
+def test_mkdocs_build_strict(built_site):
+    """`mkdocs build --strict` succeeds; on failure, mkdocs's output says why."""
+    run, site = built_site
     output = run.stdout + run.stderr
     assert run.returncode == 0, f"mkdocs build --strict failed:\n{output[-20000:]}"
     for page in ("index.html", "choosing-a-formulation/index.html",
                  "reference-mechanisms/index.html", "api/formulations/index.html",
                  "notebooks/braun_goldfarb/index.html"):
-        assert (tmp_path / "site" / page).is_file(), page
+        assert (site / page).is_file(), page
     # The site renders its maths with no network: MathJax is served from it, and no
     # page loads a script from elsewhere (MathJax came from a CDN, so offline every
     # page showed raw \( ... \)).
-    site = tmp_path / "site"
     # The files MathJax loads with docs/javascripts/mathjax.js's configuration
     # (checked in jsdom too: a page's maths then typesets to HTML-CSS spans).
     mathjax = site / "javascripts" / "mathjax"
@@ -66,6 +74,178 @@ def test_mkdocs_build_strict(tmp_path):
     assert not external, f"pages loading scripts from the network: {external}"
     index = (site / "index.html").read_text(encoding="utf-8")
     assert "javascripts/mathjax/MathJax.js" in index
+
+
+# What Markdown left unconverted in a built page, in the text a reader sees as prose
+# (code, maths and the notebooks' code cells and outputs aside): a list glued to the
+# paragraph above it (no blank line before it, or its block indented by 2 spaces
+# instead of 4, so that it closes the list), TeX that is not inside maths, and `_`
+# or `*` taken as emphasis inside a formula (Φ̇<em>q; ...</em>), which italicises
+# the rest of the paragraph.
+_PROSE_BLOCKS = {"p", "li", "td", "th", "dt", "dd", "h1", "h2", "h3", "h4", "h5",
+                 "h6", "figcaption", "summary", "blockquote"}
+_NOT_PROSE_TAGS = {"code", "pre", "kbd", "script", "style", "svg", "textarea",
+                   "mjx-container", "math"}
+# (`arithmatex`: pymdownx.arithmatex's maths; `MathJax`: maths as typeset; in a
+# notebook, `jp-InputArea` and `jp-OutputArea` hold its code and what it printed.)
+_NOT_PROSE_CLASSES = {"arithmatex", "MathJax", "MathJax_Display", "MathJax_Preview",
+                      "jp-InputArea", "jp-OutputArea", "clipboard-copy-txt",
+                      "highlight", "doc-signature", "headerlink"}
+_VOID_TAGS = {"area", "base", "br", "col", "embed", "hr", "img", "input", "link",
+              "meta", "param", "source", "track", "wbr"}
+# A notebook's Markdown keeps its $ ... $ and $$ ... $$ for MathJax.
+_NOTEBOOK_MATHS = re.compile(r"\$\$.+?\$\$|\$[^$]+\$", re.DOTALL)
+_RAW_MARKUP = [
+    (re.compile(r"\\[()\[\]]|\$\$"), "a TeX delimiter outside maths"),
+    (re.compile(r"\$"), "a $ outside maths"),
+    (re.compile(r"(?<![\w\\])\\[A-Za-z]{2,}"), "a TeX command outside maths"),
+    (re.compile(r"\*\*|__"), "a ** or __ left as text"),
+    (re.compile(r"\n[ \t]*(?:[-*+]|\d+\.)[ \t]"), "a list glued to a paragraph"),
+]
+
+
+class _ProseScanner(html.parser.HTMLParser):
+    """Scans a built page's main content (Material's `article`) for raw Markdown."""
+
+    def __init__(self, notebook: bool):
+        super().__init__(convert_charrefs=True)
+        self.notebook = notebook
+        self.stack = []  # (tag, inside the article, not prose)
+        self.blocks = []  # (tag, text) of the open prose blocks
+        self.before = ""  # the prose text just before the current position
+        self.found = []
+
+    def _in_article(self):
+        return bool(self.stack) and self.stack[-1][1]
+
+    def _not_prose(self):
+        return bool(self.stack) and self.stack[-1][2]
+
+    def handle_starttag(self, tag, attrs):
+        attributes = dict(attrs)
+        classes = set((attributes.get("class") or "").split())
+        in_article = self._in_article() or (tag == "article")
+        not_prose = self._not_prose() or tag in _NOT_PROSE_TAGS or bool(
+            classes & _NOT_PROSE_CLASSES)
+        if in_article and not not_prose:
+            if tag in ("em", "strong"):
+                # Emphasis opened inside a word: a `_` or `*` of a formula in prose.
+                if re.search(r"[\w\u0300-\u036f]\Z", self.before):
+                    self.found.append((f"<{tag}> opened inside a word, after",
+                                       self.before[-40:]))
+                # attr_list read a {...} after the emphasis (t_{n+1}) as attributes.
+                extra = sorted(set(attributes) - {"class", "id", "title"})
+                if extra:
+                    self.found.append((f"<{tag}> with attributes (a {{...}} of a "
+                                       "formula read as attributes)", str(extra)))
+            if tag in _PROSE_BLOCKS:
+                self.blocks.append([tag, ""])
+                self.before = ""
+        if tag in _VOID_TAGS:
+            return
+        self.stack.append((tag, in_article, not_prose))
+
+    def handle_startendtag(self, tag, attrs):
+        self.handle_starttag(tag, attrs)
+        if tag not in _VOID_TAGS and self.stack and self.stack[-1][0] == tag:
+            self.stack.pop()
+
+    def handle_endtag(self, tag):
+        if tag in _VOID_TAGS:
+            return
+        for i in range(len(self.stack) - 1, -1, -1):
+            if self.stack[i][0] == tag:
+                closed = self.stack[i:]
+                del self.stack[i:]
+                break
+        else:
+            return
+        for name, in_article, not_prose in reversed(closed):
+            if (in_article and not not_prose and name in _PROSE_BLOCKS and self.blocks
+                    and self.blocks[-1][0] == name):
+                self._check(*self.blocks.pop())
+            elif in_article and not_prose and not self._not_prose():
+                # Code or maths ends: it stands for a word in the prose around it.
+                for block in self.blocks:
+                    block[1] += "\u2022"
+                self.before = "\u2022"
+
+    def handle_data(self, data):
+        if not self._in_article() or self._not_prose():
+            return
+        for block in self.blocks:
+            block[1] += data
+        self.before = (self.before + data)[-80:]
+
+    def _check(self, tag, text):
+        if self.notebook:
+            text = _NOTEBOOK_MATHS.sub("\u2022", text)
+        for pattern, what in _RAW_MARKUP:
+            if pattern.pattern.startswith(r"\n") and tag not in ("p", "li", "dd"):
+                continue  # (a list glued to the text above it shows inside its block)
+            for match in pattern.finditer(text):
+                start, end = max(match.start() - 50, 0), match.end() + 30
+                self.found.append((what, text[start:end]))
+
+
+def raw_markup(site: Path) -> dict[str, list[tuple[str, str]]]:
+    """`{page: [(what it shows of raw Markdown, the text there), ...]}` for the
+    pages of a built site (code and maths in the text stand as •)."""
+    found = {}
+    for page in sorted(site.rglob("*.html")):
+        name = str(page.relative_to(site))
+        if name.startswith(("javascripts/", "assets/")) or name == "404.html":
+            continue
+        scanner = _ProseScanner(notebook=name.startswith("notebooks/")
+                                and name != "notebooks/index.html")
+        scanner.feed(page.read_text(encoding="utf-8"))
+        scanner.close()
+        if scanner.found:
+            found[name] = scanner.found
+    return found
+
+
+# Raw Markdown that comes from docstrings in cdiff/ (not from docs/): `{page: (where
+# it comes from, substrings of the findings it excuses)}`. Remove an entry once its
+# docstring is fixed.
+_DOCSTRING_MARKUP = {
+    # `$u = $` `code`: a space before the closing $ is not maths for arithmatex
+    # (MathJax typesets it in a browser).
+    "api/control/index.html": ("cdiff/_formulation/controller.py, cdiff/control/_aghili.py",
+                               ["$u = $", "$\\dot z = $", "$z(t_0) = $"]),
+    "api/formulations/index.html": (
+        "cdiff/_formulation/udwadia_kalaba.py: `+ $` before code; cdiff/_formulation/"
+        "dae.py: a $$ ... $$ block indented by 2 spaces in a list item",
+        ["\\text{rtol}\\,|E|", "(eqs. 15-18), \u2022:"]),
+    "api/models/index.html": (
+        "cdiff/models/_planar_arm_on_curve.py: a formula's line starting with `+ `; "
+        "cdiff/models/_reference.py and _mujoco.py: `$\\dot y = $`, `$Q = $` before code",
+        ["$J^T\\phi_x^T", "l_2\\sin(\\theta_1 + \\theta_2)", "$\\dot y = $", "$Q = $"]),
+    # A list item's second paragraph indented by 2 spaces (Python-Markdown wants 4):
+    # it closes the list, and the items after it are glued to it.
+    "api/simulate/index.html": ("cdiff/_solution.py: Solution's attribute list",
+                                ["a list glued to a paragraph"]),
+    "api/studies/index.html": ("cdiff/studies/_fit.py: tune's `progress` item after "
+                               "a code block", ["\u2022\n- \u2022: show a progress bar"]),
+}
+
+
+def test_built_pages_show_no_raw_markdown(built_site):
+    """No built page shows Markdown or TeX that was not converted: a list glued to
+    the paragraph above it (rendered as "... text - item - item"), maths left as
+    text ($, \\( \\), $$, TeX commands), `**`, or emphasis opened inside a formula
+    (formulations.md's Δ_q = Φ_q/dt ... t_{n+1} turned half a paragraph italic).
+    Reads the site that test_mkdocs_build_strict built."""
+    run, site = built_site
+    if run.returncode != 0:
+        pytest.fail("mkdocs build --strict failed (see test_mkdocs_build_strict)")
+    found = raw_markup(site)
+    problems = []
+    for page, findings in sorted(found.items()):
+        excused = _DOCSTRING_MARKUP.get(page, ("", []))[1]
+        problems += [f"{page}: {what}: {text!r}" for what, text in findings
+                     if not any(e in f"{what}: {text}" for e in excused)]
+    assert not problems, "raw Markdown in the built pages:\n" + "\n".join(problems)
 
 
 def _public_names(module: types.ModuleType) -> set[str]:

@@ -1,8 +1,9 @@
 // MathJax 2.7 (served from the site: docs/hooks/mathjax.py) for the maths of the
 // pages and docstrings (pymdownx.arithmatex, generic mode: \( \) and \[ \] inside
 // span/div.arithmatex) and of the notebooks (rendered by mkdocs-jupyter with their
-// $ $ and $$ $$ delimiters left in the text). Code blocks (pre, code) are never
-// typeset. Read by MathJax.js when it loads (the script after this one).
+// $ $ and $$ $$ delimiters left in the text). Code blocks (pre, code) and the
+// notebooks' copies of their code cells (clipboard-copy-txt) are never typeset.
+// Read by MathJax.js when it loads (the script after this one).
 // The configuration file that the package ships with MathJax 2.7 (TeX input,
 // HTML-CSS output and the STIX-Web web fonts, all served from the site).
 window.MathJax = {
@@ -13,6 +14,9 @@ window.MathJax = {
     displayMath: [["\\[", "\\]"], ["$$", "$$"]],
     processEscapes: true,
     processEnvironments: true,
+    // A notebook's code cell keeps its source in a hidden div for its copy button:
+    // typeset, its $ ... $ strings became maths and the button copied garbled code.
+    ignoreClass: "tex2jax_ignore|clipboard-copy-txt",
   },
   "HTML-CSS": { availableFonts: [], preferredFont: null, webFont: "STIX-Web",
                 imageFont: null },
