@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 import cdiff
+import cdiff_cli_entry
 
 # private on purpose: the TeX-to-text converter of `cdiff list` and the figure
 # layout of `cdiff run` are kernels that no public call returns.
@@ -317,6 +318,7 @@ def test_unknown_formulation(capsys):
         (["--formulation", "null-space", "--beta", "3"], ["--beta", "lagrange"]),
         (["--formulation", "lagrange", "--energy-correction"], ["udwadia-kalaba"]),
         (["--formulation", "lagrange", "--alpha", "-1"], ["--alpha", "non-negative"]),
+        (["--formulation", "lagrange", "--inertia", "Mc"], ["--inertia", "projection"]),
     ],
 )
 def test_bad_options_exit_2(argv, words, capsys):
@@ -885,6 +887,155 @@ def test_ctrl_c_stops_the_solve_at_once(tmp_path):
     assert "Traceback" not in stderr and "Exception ignored" not in stderr
     assert stdout == ""
     assert not (tmp_path / "new").exists()
+
+
+def test_the_console_script_reads_its_names_from_the_real_lists():
+    """The console script parses before it imports cdiff, from lists of its own:
+    they are the names `cdiff.cli` and `cdiff.models` offer, in their order."""
+    from cdiff.cli import _study
+
+    entry = cdiff_cli_entry
+    assert entry.MODELS == tuple(cdiff.models.MODELS)
+    assert entry.MJCF_MECHANISMS == tuple(cdiff.models.MJCF_LIBRARY)
+    assert entry.FORMULATIONS == tuple(cli.FORMULATIONS)
+    assert entry.PROJECTIONS == tuple(cli.PROJECTIONS)
+    assert set(entry.DAE_FORMULATIONS) <= set(entry.FORMULATIONS)
+    assert (entry.DEFAULT_DTS, entry.DEFAULT_GAINS, entry.MAX_STUDY_ROWS) == (
+        _study.DEFAULT_DTS, _study.DEFAULT_GAINS, _study._MAX_ROWS)
+    # The installed `cdiff` command is that module's (after `pip install -e .`).
+    import importlib.metadata
+
+    (script,) = [e for e in importlib.metadata.entry_points(group="console_scripts")
+                 if e.name == "cdiff"]
+    assert script.value == "cdiff_cli_entry:main", (
+        "reinstall the package (pip install -e .): the cdiff script is " + script.value)
+
+
+_NO_JAX = """
+import json, sys
+import cdiff_cli_entry
+
+codes = []
+for argv in json.loads(sys.argv[1]):
+    try:
+        cdiff_cli_entry.main(argv)
+        codes.append("ran")
+    except SystemExit as e:
+        codes.append(e.code)
+heavy = [m for m in ("jax", "cdiff", "numpy", "diffrax") if m in sys.modules]
+print()
+print("RESULT " + json.dumps([codes, heavy]))
+"""
+
+
+def test_help_and_user_errors_answer_without_importing_jax():
+    """`cdiff --help`, the commands' help and the user errors the parser finds
+    (unknown names, bad numbers, options that do not go together, a missing
+    file) answer before `cdiff` (JAX) is imported."""
+    import subprocess
+    import sys
+
+    cases = [(["--help"], 0), (["run", "--help"], 0), (["study", "--help"], 0),
+             (["study", "gains", "--help"], 0), (["list", "--help"], 0),
+             (["run", "no-such-model"], 2), (["run", "slider-crank", "--bogus"], 2),
+             (["run", "slider-crank", "--dt", "0"], 2),
+             (["run", "slider-crank", "--rtol", "1e-6"], 2),
+             (["run", "slider-crank", "--curve", "circle"], 2),
+             (["run", "no-such-file.xml"], 2),
+             (["study", "step-size", "slider-crank", "--dts", "0.1", "0.1"], 2),
+             (["study", "step-size", "no-such-model"], 2)]
+    done = subprocess.run([sys.executable, "-c", _NO_JAX,
+                           json.dumps([argv for argv, _ in cases])],
+                          capture_output=True, text=True, timeout=60, check=False)
+    codes, heavy = json.loads(done.stdout.rsplit("RESULT ", 1)[1])
+    assert codes == [code for _, code in cases], done.stderr
+    assert heavy == []
+    assert "usage: cdiff [-h] COMMAND" in done.stdout
+    assert "cdiff run: error: unknown MODEL 'no-such-model'" in done.stderr
+    assert "no such file: no-such-file.xml" in done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_ctrl_c_during_start_up_stops_at_once():
+    """Ctrl-C while `cdiff list` imports JAX: exit status 130 at once, one line,
+    no traceback, nothing listed (it used to be ignored, or a traceback)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    # -X importtime: a line on stderr as each module is imported; the first
+    # JAX module says that the import of JAX is under way.
+    command = [sys.executable, "-X", "importtime", "-m", "cdiff_cli_entry", "list"]
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONWARNINGS"}
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True)
+    seen = []
+    for line in process.stderr:
+        seen.append(line)
+        if re.search(r"\|\s*jax(\.|$)", line.rstrip()):
+            break
+    assert process.poll() is None, "".join(seen)
+    sent = time.monotonic()
+    process.send_signal(signal.SIGINT)
+    stdout, stderr = process.communicate(timeout=60)
+    assert time.monotonic() - sent < 5.0
+    lines = [line for line in stderr.splitlines()
+             if line and not line.startswith("import time:")]
+    assert process.returncode == 130, stderr[-2000:]
+    assert lines == ["cdiff: interrupted during start-up; nothing written"], lines
+    assert stdout == ""
+
+
+def test_start_up_time_counts_from_the_command_not_its_parent():
+    """The start-up that `cdiff run` reports counts from the command's first
+    statement: not the second a shell spent before it ran the command
+    (`sh -c 'sleep 1; exec cdiff ...'`; the process's start in /proc, which the
+    command used, is that shell's fork)."""
+    import shlex
+    import subprocess
+    import sys
+    import time
+
+    # cdiff.cli stood in for by a module that prints what it was given.
+    script = """
+import sys, time, types
+import cdiff_cli_entry
+cli = types.ModuleType("cdiff.cli")
+cli.main = lambda args, started: print(f"STARTUP {time.perf_counter() - started}")
+sys.modules["cdiff"] = types.SimpleNamespace(cli=cli)
+sys.modules["cdiff.cli"] = cli
+cdiff_cli_entry.main(["run", "slider-crank"])
+"""
+    shell = f"sleep 1; exec {shlex.quote(sys.executable)} -c {shlex.quote(script)}"
+    began = time.monotonic()
+    done = subprocess.run(["sh", "-c", shell], capture_output=True, text=True,
+                          timeout=60, check=False)
+    took = time.monotonic() - began
+    startup = float(done.stdout.split("STARTUP ")[1])
+    assert took > 1.0
+    assert 0.0 < startup < took - 0.9, (startup, took, done.stderr)
+
+
+def test_start_up_time_reaches_the_table(monkeypatch):
+    """`cdiff.cli.main(args=..., started=...)` (the console script's call) counts
+    the start-up from `started`."""
+    import time
+
+    phases = []
+
+    class Quiet(cli.Interrupt):  # (no handler taken over in the test process)
+        def install(self):
+            return self
+
+    monkeypatch.setattr(cli, "Interrupt", Quiet)
+    monkeypatch.setattr(cli, "_run", lambda args, parser, p: phases.append(p) or 0)
+    args = cli._parser().parse_args(["run", "slider-crank"])
+    assert cli.main(args=args, started=time.perf_counter() - 5.0) == 0
+    (p,) = phases
+    assert 5.0 <= p.before < 6.0
+    assert p.interrupt.during == "start-up"
 
 
 def test_ctrl_c_in_a_step_size_study_keeps_the_finished_formulations(

@@ -34,6 +34,12 @@ User errors (unknown names, bad numbers, options that do not go together, an
 with status 2, before any work. A solve that fails (it diverges, or stops early)
 prints `cdiff: error: ...` with the time it failed, writes what is meaningful (the
 rows before the failure; nothing if there are none) and exits with status 1.
+
+The `cdiff` console script is `cdiff_cli_entry.main`, outside the package: it builds
+the parser (`_parser` is its), parses and checks the arguments before `cdiff` and
+JAX are imported (so `--help` and the argument errors answer at once), stops with
+one line and status 130 on a Ctrl-C during the imports, and then calls `main` with
+the parsed arguments and its start time.
 """
 
 from __future__ import annotations
@@ -58,6 +64,7 @@ import jax.numpy as jnp
 import numpy as np
 
 import cdiff
+import cdiff_cli_entry as _entry
 from cdiff.cli import _figure
 from cdiff.cli import _plain_text as _text
 from cdiff.cli import _study
@@ -81,7 +88,7 @@ FORMULATIONS = {
 }
 
 #: Formulations that are DAEs, integrated by `cdiff.BDF`.
-DAE_FORMULATIONS = ("ggl", "ggl-no-inverse", "index-one")
+DAE_FORMULATIONS = _entry.DAE_FORMULATIONS
 
 #: Post-step projections (`--projection`), wrapped around RK4 by `cdiff.Projected`.
 PROJECTIONS = {
@@ -157,155 +164,30 @@ def _listed(entries: dict) -> list[tuple[str, str, Any]]:
     return rows
 
 
-def _number(*, positive: bool):
-    """An argparse `type`: a finite float, > 0 if `positive` else >= 0."""
-
-    def parse(text: str) -> float:
-        try:
-            x = float(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
-        if not math.isfinite(x) or x < 0 or (positive and x == 0):
-            need = "a positive" if positive else "a non-negative"
-            raise argparse.ArgumentTypeError(
-                f"must be {need} finite number, got {text}"
-            )
-        return x
-
-    return parse
-
-
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="cdiff",
-        description="Simulate constrained mechanical systems (reference models).",
-    )
-    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    sub.add_parser("list", help="list the reference models and the formulations")
-    run = sub.add_parser(
-        "run",
-        help="simulate a reference model and compare it with its exact solution",
-        description=(
-            "Simulate MODEL from its paper's initial state, print errors against the "
-            "exact reference and timings, and write DIR/MODEL.png and DIR/MODEL.npz."
-        ),
-    )
-    run.set_defaults(parser=run)
-    run.add_argument("model", metavar="MODEL",
-                     help="a reference model (" + ", ".join(MODELS) + "), a shipped "
-                     "MJCF mechanism (" + ", ".join(MJCF_LIBRARY) + ") or the path of "
-                     "an MJCF (.xml) or URDF (.urdf) file")
-    run.add_argument("--curve", choices=["line_x1", "line_x0", "circle"],
-                     help="planar-arm-on-curve: the curve of the end effector "
-                     "(default line_x1)")
-    run.add_argument("--formulation", choices=list(FORMULATIONS),
-                     default="udwadia-kalaba",
-                     help="default: udwadia-kalaba (with constraint correction)")
-    run.add_argument("--energy-correction", action="store_true",
-                     help="udwadia-kalaba: add Braun-Goldfarb's energy correction")
-    run.add_argument("--no-constraint-correction", action="store_true",
-                     help="udwadia-kalaba: the plain equation, without the Delta terms")
-    run.add_argument("--alpha", type=_number(positive=False), metavar="A",
-                     help="lagrange: Baumgarte velocity gain (1/s), default 0; "
-                     "null-space: holonomic gain of Yun-Sarkar eq. 17, default 0")
-    run.add_argument("--inertia", choices=["Mc", "Mc_sym", "Mc_gamma"],
-                     help="projection: Aghili's constraint inertia matrix "
-                     "(eq. 23, 28 or 29), default Mc")
-    run.add_argument("--beta", type=_number(positive=False), metavar="B",
-                     help="lagrange: Baumgarte position gain (1/s), default A")
-    run.add_argument("--projection", choices=list(PROJECTIONS),
-                     help="project onto the constraints after every step: Aghili's "
-                     "Newton projection (eq. 37; -weighted: in the kinetic metric) or "
-                     "Terze's gradient-projective partitioning (-second: the "
-                     "next-best partition); default: none")
-    run.add_argument("--eps", type=_number(positive=True), metavar="E",
-                     help="regularized: the regularisation epsilon (eq. 35), "
-                     "default 1e-8")
-    run.add_argument("--horizon", type=_number(positive=True), metavar="H",
-                     help="regularized: the prediction horizon h (s) of eq. 34, "
-                     "default 1e-2")
-    run.add_argument("--rtol", type=_number(positive=True), metavar="R",
-                     help="ggl, ggl-no-inverse, index-one: BDF's relative "
-                     "tolerance, default 1e-8")
-    run.add_argument("--atol", type=_number(positive=True), metavar="A",
-                     help="ggl, ggl-no-inverse, index-one: BDF's absolute "
-                     "tolerance, default 1e-8")
-    run.add_argument("--dt", type=_number(positive=True), metavar="DT",
-                     help="step size (s), default: the model's (with BDF: the first "
-                     "step)")
-    run.add_argument("--t1", type=_number(positive=True), metavar="T",
-                     help="final time (s), default: the model's")
-    run.add_argument("--out", type=Path, default=Path("out"), metavar="DIR",
-                     help="output folder (default: ./out)")
-    run.add_argument("--float32", action="store_true",
-                     help="simulate in float32 (the reference stays in float64)")
-    run.add_argument("--no-progress", action="store_true",
-                     help="no progress bar (shown by default when stderr is a terminal)")
-    run.add_argument("--animate", nargs="?", const=True, metavar="PATH",
-                     help="also write an animation of the motion: DIR/MODEL.gif, or "
-                     "PATH (.gif or .mp4, which needs ffmpeg); planar models only")
-    _study.add_parser(sub, _number)
-    return parser
+    """The `cdiff` parser (built by `cdiff_cli_entry`, which parses before `cdiff`
+    is imported)."""
+    return _entry.build_parser()
 
 
 def _formulation(args, parser):
     """The formulation the options ask for; `parser.error` on options that do not
     belong to it."""
-    dae = args.formulation in DAE_FORMULATIONS
-    if (args.rtol is not None or args.atol is not None) and not dae:
-        parser.error("--rtol and --atol apply to the DAE formulations ("
-                     + ", ".join(DAE_FORMULATIONS) + ") only")
-    if (args.eps is not None or args.horizon is not None) and (
-        args.formulation != "regularized"
-    ):
-        parser.error("--eps and --horizon apply to --formulation regularized only")
-    if dae or args.formulation == "regularized":
-        others = [
-            flag for flag, given in [
-                ("--alpha", args.alpha is not None), ("--beta", args.beta is not None),
-                ("--inertia", args.inertia is not None),
-                ("--energy-correction", args.energy_correction),
-                ("--no-constraint-correction", args.no_constraint_correction),
-                ("--projection", args.projection is not None and dae),
-            ] if given
-        ]
-        if others:
-            parser.error(f"{', '.join(others)} do not apply to --formulation "
-                         f"{args.formulation}")
-        if args.formulation == "regularized":
-            return cdiff.Regularized(
-                eps=1e-8 if args.eps is None else args.eps,
-                h=1e-2 if args.horizon is None else args.horizon,
-            )
-        if args.formulation == "index-one":
-            return cdiff.IndexOne()
+    _entry.check_formulation(args, parser)
+    if args.formulation == "regularized":
+        return cdiff.Regularized(
+            eps=1e-8 if args.eps is None else args.eps,
+            h=1e-2 if args.horizon is None else args.horizon,
+        )
+    if args.formulation == "index-one":
+        return cdiff.IndexOne()
+    if args.formulation in ("ggl", "ggl-no-inverse"):
         return cdiff.GGL("no_inverse" if args.formulation == "ggl-no-inverse"
                          else "mass")
     if args.formulation == "lagrange":
-        if args.energy_correction or args.no_constraint_correction:
-            parser.error(
-                "--energy-correction and --no-constraint-correction apply to "
-                "--formulation udwadia-kalaba only"
-            )
         alpha = 0.0 if args.alpha is None else args.alpha
         beta = alpha if args.beta is None else args.beta
         return cdiff.Lagrange(alpha=alpha, beta=beta)
-    uk_only = args.energy_correction or args.no_constraint_correction
-    if args.formulation != "udwadia-kalaba" and uk_only:
-        parser.error(
-            "--energy-correction and --no-constraint-correction apply to "
-            "--formulation udwadia-kalaba only"
-        )
-    if args.inertia is not None and args.formulation != "projection":
-        parser.error("--inertia applies to --formulation projection only")
-    if args.beta is not None or (
-        args.alpha is not None and args.formulation != "null-space"
-    ):
-        parser.error(
-            "--alpha and --beta are Baumgarte gains of --formulation lagrange "
-            "(--alpha alone also for null-space); "
-            f"{args.formulation} does not take them"
-        )
     if args.formulation == "projection":
         return cdiff.Projection(inertia=args.inertia or "Mc")
     if args.formulation == "null-space":
@@ -417,8 +299,7 @@ def _qpos_names(model, nq: int) -> tuple[str, ...]:
 def _case(args, parser) -> _Case:
     """The model `cdiff run MODEL` names: a reference model, a shipped MJCF
     mechanism or a MuJoCo file; `parser.error` for anything else."""
-    if args.curve is not None and args.model != "planar-arm-on-curve":
-        parser.error("--curve applies to planar-arm-on-curve only")
+    _entry.check_model(args, parser, MODELS, MJCF_LIBRARY)
     if args.model in MODELS:
         model = MODELS[args.model](*(() if args.curve is None else (args.curve,)))
         q0, v0 = model.initial_state()
@@ -429,16 +310,8 @@ def _case(args, parser) -> _Case:
     if args.model in MJCF_LIBRARY:
         entry = MJCF_LIBRARY[args.model]
         return _mujoco_case(args.model, entry.path, entry)
-    path = Path(args.model)
-    if path.suffix.lower() in (".xml", ".urdf", ".mjcf"):
-        if not path.is_file():
-            parser.error(f"no such file: {path}")
-        return _mujoco_case(path.stem, path, None)
-    parser.error(
-        f"unknown MODEL {args.model!r}: choose a reference model ("
-        + ", ".join(MODELS) + "), a shipped MJCF mechanism ("
-        + ", ".join(MJCF_LIBRARY) + ") or give the path of an .xml or .urdf file"
-    )
+    path = Path(args.model)  # (an existing MuJoCo file: check_model says so)
+    return _mujoco_case(path.stem, path, None)
 
 
 class _Phases:
@@ -478,8 +351,12 @@ class _Phases:
 
 
 def _startup_time() -> float:
-    """Seconds from the start of this process until now (Linux's /proc; 0 where it
-    cannot be read): the Python and JAX start-up before `main` runs."""
+    """Seconds from the creation of this process until now (Linux's /proc; 0
+    where it cannot be read): the start-up of `python -m cdiff.cli`, which
+    imports `cdiff` before any code of the command runs. (The creation is the
+    fork, not the exec: whatever the process did before it ran Python counts too.
+    The console script measures from its own first statement instead,
+    `cdiff_cli_entry.STARTED`.)"""
     try:
         with open("/proc/self/stat") as f:
             started = float(f.read().rsplit(")", 1)[1].split()[19])
@@ -928,8 +805,14 @@ def _names_summary(names: tuple[str, ...], most: int = 4) -> str:
     return ", ".join(names[:most]) + f" and {len(names) - most} more"
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, *, args: argparse.Namespace | None = None,
+         started: float | None = None) -> int:
     """Run the `cdiff` command line with `argv` (default `sys.argv[1:]`).
+
+    The console script (`cdiff_cli_entry.main`) parses and checks the command
+    line before it imports `cdiff`, and passes the result as `args`, with
+    `started`, the `time.perf_counter()` at which the command started: the
+    start-up phase of `cdiff run` counts from there.
 
     **Returns:** the exit status: 0 on success, 1 if the solve failed (diverged
     or stopped early; the message says when).
@@ -938,13 +821,23 @@ def main(argv: list[str] | None = None) -> int:
     that do not go together, an `--out` that is a file or cannot be written),
     before any work, after printing `cdiff: error: ...` to stderr.
     """
-    # (The console script's process started before `main`: its Python and JAX
-    # start-up counts in the wall time of `cdiff run`.)
-    # The console script (not a call from Python) stops at once on Ctrl-C.
-    phases = _Phases(_startup_time() if argv is None else 0.0,
-                     Interrupt().install() if argv is None else None)
-    parser = _parser()
-    args = parser.parse_args(argv)
+    command = argv is None  # the command (not a call from Python with its argv)
+    if started is not None:
+        before = time.perf_counter() - started
+    elif command and args is None:  # `python -m cdiff.cli`: its process's age
+        before = _startup_time()
+    else:
+        before = 0.0
+    # The command stops at once on Ctrl-C (this handler replaces the console
+    # script's, which knows of nothing to keep).
+    interrupt = Interrupt().install() if command else None
+    if interrupt is not None:
+        interrupt.during = "start-up"
+    phases = _Phases(before, interrupt)
+    if args is None:
+        args = _parser().parse_args(argv)
+        if command:  # (`python -m cdiff.cli`: the console script's checks too)
+            _entry.check(args)
     if args.command == "list":
         return _list()
     # The references are float64; --float32 only casts the simulated state.
@@ -954,7 +847,7 @@ def main(argv: list[str] | None = None) -> int:
         # (a CDIFF_COMPILATION_CACHE that cannot be used is a user error).
         cli_compilation_cache()
         if args.command == "study":
-            _study.check(args, args.parser)
+            _entry.check_study(args, args.parser)
             phases.interrupt.created += _check_out(args.parser, "--out", args.out,
                                                    _study.outputs(args))
             return _study.run(args, phases.interrupt)
@@ -962,4 +855,3 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as e:
         print(f"cdiff: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
-
