@@ -21,11 +21,16 @@ from ._results import is_concrete
 class Impact(eqx.Module):
     """The outcome of [`cdiff.impact`][]: the velocity after the impact `v`, the
     impulse on each unilateral row (non-negative: it pushes; zero on rows that took
-    no part) and the rows that took part."""
+    no part), the rows that took part, and `residual`, the largest amount by which
+    `v` misses the conditions it was asked to meet (the equalities at velocity
+    level and each row's rate after the impact): round-off, unless those
+    conditions cannot hold together (a row that the equalities do not let move
+    away, two rows that close on the body from both sides)."""
 
     v: Float[Array, " nv"]
     impulse: Float[Array, " r"]
     rows: Bool[Array, " r"]
+    residual: Float[Array, ""]
 
 
 def unilateral_rate(model: AbstractModel, t, q, v):
@@ -123,20 +128,24 @@ def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True
         def project(rows):
             A = jnp.concatenate([A_v, jnp.where(rows[:, None], G, 0.0)])
             pinv = PseudoInverse(mf.weight(A), rtol)
-            lam = pinv.multipliers(jnp.concatenate([-r_v,
-                                                    jnp.where(rows, change, 0.0)]))
-            return v + mf.unweight(matvec(pinv.C.T, lam)), jnp.where(rows, lam[k:], 0.0)
+            asked = jnp.concatenate([-r_v, jnp.where(rows, change, 0.0)])
+            lam = pinv.multipliers(asked)
+            v_new = v + mf.unweight(matvec(pinv.C.T, lam))
+            # (Zero to round-off where the conditions are consistent: a least-squares
+            # compromise otherwise.)
+            residual = jnp.max(jnp.abs(matvec(A, v_new - v) - asked), initial=0.0)
+            return v_new, jnp.where(rows, lam[k:], 0.0), residual
 
         def update(_, rows):
-            v_new, impulse = project(rows)
+            v_new, impulse, _ = project(rows)
             gdot_new = matvec(G, v_new - v) + gdot
             return (rows & (impulse >= 0)) | (hit & ~rows & (gdot_new < 0))
 
         if rows is None:
             # (A loop, not unrolled: one projection in the compiled program.)
             rows = jax.lax.fori_loop(0, g.shape[0], update, hit & (gdot < 0))
-        v_new, impulse = project(rows)
-        return Impact(v_new, impulse, rows)
+        v_new, impulse, residual = project(rows)
+        return Impact(v_new, impulse, rows, residual)
 
     return law
 

@@ -62,6 +62,13 @@ class RESULTS(diffrax.RESULTS):
         "is outside [0, 1] or NaN: e > 1 would gain energy at every impact. It was "
         "traced (inside jit, vmap or grad), so only the run could check it."
     )
+    infeasible_contact = (
+        "cdiff.simulate: at an event, the unilateral rows at contact cannot hold "
+        "together with the equality constraints and the other held rows: no motion "
+        "keeps them all (a row that an equality holds in place while it moves "
+        "through, a body squeezed between two rows closing on it). The solve "
+        "stops at the step of that event (Solution.stats['events'] has it)."
+    )
     inconsistent_constraints = (
         "cdiff.simulate: the holonomic constraints are inconsistent: no "
         "configuration satisfies them all (the solve ended at a nonzero "

@@ -233,6 +233,8 @@ def simulate(
     sol = _name_inconsistency(model, sol, throw=throw)
     if concrete:
         _warn_off_constraints(original_model, sol, times[0], q0, v0)
+        if unilateral:
+            _warn_grazing(sol, dt)
     return sol
 
 
@@ -324,6 +326,25 @@ def _warn_off_constraints(model, sol: Solution, t0, q0, v0) -> None:
             "error they start with (Baumgarte's gains only damp it). Project the "
             "start onto the constraints first: q0, v0 = cdiff.consistent_state("
             "model, q0, v0).", stacklevel=3)
+
+
+def _warn_grazing(sol: Solution, dt) -> None:
+    """Warn where impacts of a solve of one trajectory arrived grazing
+    (`Events.grazing`)."""
+    events = sol.stats.get("events")
+    if events is None or np.ndim(sol.result._value):
+        return
+    grazing = np.asarray(events.grazing).any(axis=-1)
+    if grazing.any():
+        times = ", ".join(f"{t:.6g}" for t in np.asarray(events.t)[grazing][:5])
+        warnings.warn(
+            f"cdiff.simulate: {int(grazing.sum())} impact(s) arrived grazing (t = "
+            f"{times}{', ...' if grazing.sum() > 5 else ''}): slower than one step's "
+            f"acceleration of the row turns it back (|dg/dt| < d2g/dt2 x dt, dt = "
+            f"{float(dt):g}). The solve cannot tell such a touch from a near miss, "
+            "and derivatives through it are unreliable (see Solution.stats['events']"
+            ".grazing and the limitations page of the docs). A smaller dt resolves "
+            "slower approaches.", stacklevel=3)
 
 
 def _floats_to_arrays(tree):

@@ -4,6 +4,7 @@ closed loop) whose crank swings onto its limit and stays there, a spherical
 pendulum against its ball joint's cone, and a double pendulum whose fixed tendon
 reaches both ends of its range."""
 
+import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -174,3 +175,55 @@ def test_ball_cone_and_tendon_range_match_mujoco(xml, v0, rows, impacts):
     # Within the reference's own error (and round-off, where the two agree).
     own = np.abs(stiff - soft) + 1e-12
     assert np.all(np.abs(np.asarray(sol.q[-1]) - stiff) <= own), (sol.q[-1], stiff, soft)
+
+
+MARGINS = """<mujoco><compiler angle="radian"/><option timestep="1e-4">
+<flag contact="disable"/></option>
+<worldbody>
+  <body name="slider"><joint name="slide" type="slide" axis="0 0 1" range="-0.3 0.2"
+      limited="true" margin="0.1"/><geom type="sphere" size="0.05" mass="1"/>
+    <site name="s0"/></body>
+  <body name="arm" pos="1 0 0"><joint name="hinge" axis="0 1 0" range="-0.5 0.5"
+      limited="true" margin="0.05"/><geom type="capsule" fromto="0 0 0 0.3 0 0"
+      size="0.02"/><site name="s1" pos="0.3 0 0"/></body>
+  <body name="ball" pos="2 0 0"><joint name="cone" type="ball" range="0 0.6"
+      limited="true" margin="0.02"/><geom type="capsule" fromto="0 0 0 0 0 -0.4"
+      size="0.02"/></body></worldbody>
+<tendon><spatial name="rope" limited="true" range="0.5 1.2" margin="0.03">
+  <site site="s0"/><site site="s1"/></spatial></tendon></mujoco>"""
+
+
+def test_limit_margins_are_honoured_as_mujoco_holds_them():
+    """A joint's or tendon's `margin` moves its limit: MuJoCo's constraint holds
+    where its `efc_pos - efc_margin` is zero (a slide joint with range -0.3 and
+    margin 0.1 rests at -0.2), and every row of cdiff's `unilateral` equals that
+    quantity of MuJoCo's own limit rows, for the slide, hinge, ball cone and
+    tendon, at states inside each margin."""
+    m = mujoco.MjModel.from_xml_string(MARGINS)
+    model = cdiff.models.from_mujoco(MARGINS)
+    assert not any("margin" in entry for entry in model.ignored)
+    d = mujoco.MjData(m)
+    axis = np.array([0.3, 1.0, 0.2]) / np.linalg.norm([0.3, 1.0, 0.2])
+    theta = 0.59  # within the cone's margin (0.6 - 0.02)
+    d.qpos[:] = np.concatenate([[-0.25, 0.47], [np.cos(theta / 2)],
+                                np.sin(theta / 2) * axis])
+    mujoco.mj_forward(m, d)
+    limits = np.isin(d.efc_type, [mujoco.mjtConstraint.mjCNSTR_LIMIT_JOINT,
+                                  mujoco.mjtConstraint.mjCNSTR_LIMIT_TENDON])
+    expected = np.sort(d.efc_pos[limits] - d.efc_margin[limits])
+    rows = eqx.filter_jit(lambda model, q: model.unilateral(0.0, q))
+    g = np.asarray(rows(model, jnp.asarray(d.qpos)))
+    # MuJoCo lists the limit rows within their margin: cdiff's negative rows.
+    assert expected.size == 4 and np.all(expected < 0)
+    np.testing.assert_allclose(np.sort(g[g < 0]), expected, rtol=0, atol=1e-12)
+    labels = model.unilateral_labels()
+    assert labels[0] == "joint 'slide' lower (range -0.3, margin 0.1)"
+    # The slide joint falling onto its range under gravity rests at -0.2 in
+    # MuJoCo (stiff, damped limit), where cdiff's row is zero.
+    m.jnt_solref[0] = [2e-3, 1.0]
+    d = mujoco.MjData(m)
+    for _ in range(5000):
+        mujoco.mj_step(m, d)
+    assert abs(d.qpos[0] + 0.2) < 1e-3
+    q_rest = jnp.asarray(np.concatenate([[-0.2, 0.0, 1.0], np.zeros(3)]))
+    assert abs(float(rows(model, q_rest)[0])) < 1e-15

@@ -45,8 +45,8 @@ from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
 from .bdf import BDF, bdf_solve
-from .events import (MAX_EVENTS, Events, _with, held_multipliers, release,
-                     start_result, take_event)
+from .events import (MAX_EVENTS, Decision, Events, _with, held_multipliers,
+                     release, start_result, take_event)
 from .frozen import diffrax_problem, stepsize_tolerances
 from .projected import Projected
 from .rk4 import _show_progress
@@ -382,11 +382,14 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
             releasing = jnp.min(lam_e, initial=jnp.inf) < jnp.min(gap, initial=jnp.inf)
             released = releasing & active & (lam_e <= low + 16 * eps)
             return take_event(problem, t_end, q_e, v_e, active, released, c.e0,
-                              c.events, record=hit, dt_rest=dt)[:4]
+                              c.events, record=hit, dt_rest=dt)
 
-        y_next, held_next, e0_next, events = jax.lax.cond(
+        y_next, held_next, e0_next, events, decided = jax.lax.cond(
             eqxi.unvmap_any(hit), take_it,
-            lambda: (y_end, active, c.e0, c.events))
+            lambda: (y_end, active, c.e0, c.events, Decision.none(active)))
+        # (An impact that cannot meet its conditions ends the solve at its event.)
+        result = RESULTS.where(hit & decided.infeasible, RESULTS.infeasible_contact,
+                               result)
         running = result == RESULTS.successful
         keep = running & hit
         if save_steps and save_ts is None:

@@ -75,8 +75,14 @@ _STEP_EVENTS = 4
 
 
 class Events(eqx.Module):
-    """The impacts of a solve, in order (`Solution.stats["events"]`): the first
-    `MAX_EVENTS` of them, unused rows NaN. `count` counts them all."""
+    r"""The impacts of a solve, in order (`Solution.stats["events"]`): the first
+    `MAX_EVENTS` of them, unused rows NaN. `count` counts them all. Per impact:
+    its time, configuration, velocities before and after, each row's impulse, the
+    rows that took part, those the rest rule stopped, and those that arrived
+    `grazing`: slower than one step's acceleration of the row turns them back,
+    $|\dot g^-| < \ddot g\,\Delta t$ with $\ddot g > 0$ (a trajectory that only
+    touches the row, or misses it by less than the solve resolves: the event
+    and derivatives through it are unreliable, see the docs' limitations)."""
 
     t: Float[Array, " n"]
     q: Float[Array, "n nq"]
@@ -85,6 +91,7 @@ class Events(eqx.Module):
     impulse: Float[Array, "n r"]
     rows: Bool[Array, "n r"]
     rest: Bool[Array, "n r"]
+    grazing: Bool[Array, "n r"]
     count: Array
 
     @classmethod
@@ -93,9 +100,11 @@ class Events(eqx.Module):
         return cls(jnp.full((n,), nan), jnp.full((n,) + q.shape, nan),
                    jnp.full((n,) + v.shape, nan), jnp.full((n,) + v.shape, nan),
                    jnp.full((n, r), nan), jnp.zeros((n, r), bool),
-                   jnp.zeros((n, r), bool), jnp.zeros((), jnp.int32))
+                   jnp.zeros((n, r), bool), jnp.zeros((n, r), bool),
+                   jnp.zeros((), jnp.int32))
 
-    def add(self, when, t, q, v_before, v_after, impulse, rows, rest) -> Events:
+    def add(self, when, t, q, v_before, v_after, impulse, rows, rest,
+            grazing) -> Events:
         n = self.t.shape[0]
         i = jnp.minimum(self.count, n - 1)
         write = when & (self.count < n)
@@ -106,7 +115,7 @@ class Events(eqx.Module):
         return Events(put(self.t, t), put(self.q, q), put(self.v_before, v_before),
                       put(self.v_after, v_after), put(self.impulse, impulse),
                       put(self.rows, rows), put(self.rest, rest),
-                      self.count + when.astype(jnp.int32))
+                      put(self.grazing, grazing), self.count + when.astype(jnp.int32))
 
 
 def start_tolerance(q0):
@@ -161,19 +170,24 @@ def release(problem: Problem, t, y, active, e0, lam):
 class Decision(NamedTuple):
     """What `take_event` decided at an event, none of it differentiable: the rows
     that take part in the impact (`rows`), those of them made plastic by the rest
-    rule (`rest`), the rows held from there (`held`), and whether some row was
-    hit (`hit`: the impact is recorded)."""
+    rule (`rest`), the rows held from there (`held`), whether some row was hit
+    (`hit`: the impact is recorded), and whether the impact's conditions could not
+    hold together (`infeasible`: no motion keeps the rows at contact and the
+    equalities; the solve ends there with `RESULTS.infeasible_contact`), and the
+    rows hit `grazing` (see `Events`)."""
 
     rows: Bool[Array, " r"]
     rest: Bool[Array, " r"]
     held: Bool[Array, " r"]
     hit: Bool[Array, ""]
+    infeasible: Bool[Array, ""]
+    grazing: Bool[Array, " r"]
 
     @classmethod
     def none(cls, active) -> Decision:
         """No event: no impact, the rows `active` held."""
         no = jnp.zeros(active.shape, bool)
-        return cls(no, no, active, jnp.asarray(False))
+        return cls(no, no, active, jnp.asarray(False), jnp.asarray(False), no)
 
 
 def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, *,
@@ -184,8 +198,9 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     `dt_rest`; the rows that hold from there (those at contact that do not leave
     it, and the held ones less `released`); the energy after it (the reference of
     a formulation that holds the energy); the impact added
-    to `events` where `record` and some row was hit. Returns `(y, held, e0,
-    events, decision)`, `y` the formulation's state restarted there.
+    to `events` where `record` and some row was hit. The held rows take part in
+    the impact where the others' impulses would drive them inwards. Returns `(y,
+    held, e0, events, decision)`, `y` the formulation's state restarted there.
 
     With the `decision` of an earlier call at this event (a search's), it is
     applied without being made again: one projection (no active-set iteration, no
@@ -200,8 +215,9 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
         eps = jnp.finfo(dtype).eps
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q)))
         hit = ~active & (model.unilateral(t, q) <= eps ** 0.75 * scale)
-        law = impact_law(model, t, q, v, hit, throw=throw)
-        decision = _decide(problem, law, t, q, active, released, hit, e, e0,
+        # (A held row joins the impact where the others' impulses drive it in.)
+        law = impact_law(model, t, q, v, hit | (active & ~released), throw=throw)
+        decision = _decide(problem, law, t, q, v, active, released, hit, e, e0,
                            dt_rest=dt_rest)
     else:
         law = impact_law(model, t, q, v, throw=throw)
@@ -211,12 +227,12 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
                else None)
     e_after = e0 if e_after is None else jnp.asarray(e_after, dtype)
     events = events.add(record & decision.hit, t, q, v, out.v, out.impulse, out.rows,
-                        decision.rest & out.rows)
+                        decision.rest & out.rows, decision.grazing)
     y = _with(problem, decision.held, e0).restart(t, q, out.v)
     return y, decision.held, e_after, events, decision
 
 
-def _decide(problem: Problem, law, t, q, active, released, hit, e, e0, *,
+def _decide(problem: Problem, law, t, q, v, active, released, hit, e, e0, *,
             dt_rest) -> Decision:
     """`take_event`'s choices at `(t, q)`: the rest rule, the rows that take part
     and those held from there."""
@@ -240,7 +256,11 @@ def _decide(problem: Problem, law, t, q, active, released, hit, e, e0, *,
     vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
     contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
     held = (active & ~released) | contact
-    return Decision(out.rows, rest & out.rows, held, jnp.any(hit))
+    # Grazing: a row hit slower than one step's acceleration turns it back.
+    _, gdot_minus, _ = unilateral_rate(model, t, q, v)
+    grazing = hit & (gdot_minus < 0) & (gddot > 0) & (-gdot_minus < gddot * dt_rest)
+    return Decision(out.rows, rest & out.rows, held, jnp.any(hit),
+                    out.residual > jnp.sqrt(eps) * vscale, grazing)
 
 
 class _Op(NamedTuple):
@@ -284,6 +304,8 @@ class _Carry(NamedTuple):
     # An event was just taken: the held rows are checked at the next sub-step's
     # start.
     fresh: Bool[Array, ""]
+    # An event whose impact could not meet its conditions ended the loop there.
+    infeasible: Bool[Array, ""]
     ops: Array
     tape: _Op
 
@@ -294,39 +316,70 @@ def _gap(model, t, q, active):
     return jnp.min(jnp.where(active, jnp.inf, g), initial=jnp.inf), g
 
 
-def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, check=True):
+# Where the rows are also checked inside a sub-step, as fractions of it, on its
+# cubic Hermite interpolant: a dip below a row that starts and ends within one
+# sub-step (a shallow crossing) is found where it covers one of them.
+_INSIDE = (0.25, 0.5, 0.75)
+
+
+def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, check=True,
+             dense=None):
     """The monitor over a sub-step from `(t0, y0)` to `(t1, y1)` with the rows
-    `active` held: `(m_start, m_gap, lam, m_end, crossed)`, the inactive rows'
-    minimum at its start and end, the held rows' multipliers at its end (inf where
-    not held; evaluated where some trajectory of the batch holds a row and
-    `check`s), the minimum of both at its end, and whether it crossed zero
-    downwards (an event inside the sub-step)."""
+    `active` held: `(m_start, m_gap, lam, m_end, crossed, t_hi, m_hi)`, the
+    inactive rows' minimum at its start and end, the held rows' multipliers at
+    its end (inf where not held; evaluated where some trajectory of the batch
+    holds a row and `check`s), the minimum of both at its end, whether it crossed
+    zero downwards (an event inside the sub-step), and the end of the bracket
+    that holds the first such crossing with the monitor there. With `dense =
+    (k_first, k_last, moved)`, the sub-step's first and last RK4 stages, the
+    inactive rows are also checked at `_INSIDE` on the coordinates' interpolant
+    (diffrax's dense output of RK4): a dip below zero there, with both ends above
+    it, is a crossing too, bracketed by the first point below."""
     model = problem.context.model.model
+    prob = _with(problem, active, e0)
     m_start, _ = _gap(model, t0, y0[0], active)
-    m_gap, _ = _gap(model, t1, _with(problem, active, e0).coordinates(t1, y1)[0],
-                    active)
+    m_gap, _ = _gap(model, t1, prob.coordinates(t1, y1)[0], active)
     lam = jax.lax.cond(
         eqxi.unvmap_any(jnp.any(active) & check),
         lambda: held_multipliers(problem, t1, y1, active, e0, dt_rest=dt_rest),
         lambda: jnp.full(active.shape, jnp.inf, t1.dtype))
     m_end = jnp.minimum(m_gap, jnp.min(lam, initial=jnp.inf))
-    crossed = (m_end < 0) & (m_end < jnp.minimum(m_start, 0.0))
-    return m_start, m_gap, lam, m_end, crossed
+    below = jnp.minimum(m_start, 0.0)
+    crossed = (m_end < 0) & (m_end < below)
+    t_hi, m_hi = t1, m_end
+    if dense is not None:
+        k_first, k_last, moved = dense
+        # The coordinates' cubic Hermite (diffrax's RK4 interpolant: the end states,
+        # the first and the last stage) at the fractions s of the sub-step.
+        s = jnp.asarray(_INSIDE, t1.dtype)[:, None]
+        q = (((2 * s - 3) * s**2 + 1) * y0[0] + ((s - 2) * s + 1) * s * k_first[0]
+             + (3 - 2 * s) * s**2 * y1[0] + (s - 1) * s**2 * k_last[0])
+        ts = t0 + (t1 - t0) * s[:, 0]
+        inside = jax.vmap(lambda t, q: _gap(model, t, q, active)[0])(ts, q)
+        dips = moved & (inside < 0) & (inside < below)
+        first = jnp.argmax(dips)
+        dipped = jnp.any(dips)
+        crossed = crossed | dipped
+        t_hi = jnp.where(dipped, ts[first], t1)
+        m_hi = jnp.where(dipped, inside[first], m_end)
+    return m_start, m_gap, lam, m_end, crossed, t_hi, m_hi
 
 
 def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
-              multipliers: bool = False):
+              multipliers: bool = False, dense: bool = False):
     """An RK4 sub-step from `(t, y)` to `t_step` with the rows `active` held (and
-    `projection` after it), or `y` where it has not `moved`. With `multipliers`,
-    `(y, lam)`: also the held rows' multipliers at `(t, y)` (inf where not held),
-    read from the first stage's dynamics (whose per-step data are the
-    sub-step's)."""
+    `projection` after it), or `y` where it has not `moved`. With `multipliers`
+    or `dense`, `(y, lam, stages)`: also the held rows' multipliers at `(t, y)`
+    (inf where not held; with `multipliers`), read from the first stage's
+    dynamics (whose per-step data are the sub-step's), and the first and last
+    stages, `(k_first, k_last)`, for the interpolant (with `dense`)."""
     prob = _with(problem, active, e0)
+    lam = None
     if not multipliers:
-        y_try, _, _ = rk4_step(
+        y_try, k_first, k_last = rk4_step(
             prob.rate, prob.freeze, prob.end_step, t, t_step, y,
             rate_and_freeze=(prob.rate_and_freeze if problem.freezes_at_first_stage
-                             else None))
+                             else None), keep_first=dense)
     else:
         own = problem.freezes_at_first_stage
         lam0 = jnp.full(active.shape, jnp.inf, t.dtype)
@@ -344,13 +397,15 @@ def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
                             lam)
             return dyn.rate, (frozen, lam)
 
-        y_try, _, _, (_, lam) = rk4_step(
+        y_try, k_first, k_last, (_, lam) = rk4_step(
             None, prob.freeze, prob.end_step, t, t_step, y, rate_and_freeze=stage,
-            carried=(frozen0, lam0))
+            carried=(frozen0, lam0), keep_first=dense)
     if projection is not None:
         y_try = prob.formulation.project(t_step, y_try, prob.context, projection)
     y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, y)
-    return (y_try, lam) if multipliers else y_try
+    if multipliers or dense:
+        return y_try, lam, (k_first, k_last) if dense else None
+    return y_try
 
 
 def _event_at(problem: Problem, t_try, y_try, active, releasing, released, e0,
@@ -408,8 +463,9 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # step of size zero, which a formulation's per-step data may divide by.
         moved = t_try > c.t
         t_step = jnp.where(moved, t_try, tb)
-        y_try, lam_start = _sub_step(problem, c.t, t_step, c.y, c.active, c.e0, moved,
-                                     projection, multipliers=True)
+        y_try, lam_start, (k_first, k_last) = _sub_step(
+            problem, c.t, t_step, c.y, c.active, c.e0, moved, projection,
+            multipliers=True, dense=True)
         # After an event, a held row that pulls at the sub-step's start is released
         # there: this iteration is then that restart, and the sub-step is taken
         # again, from the state restarted with the rows left.
@@ -424,9 +480,13 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # The held rows' multipliers at the end: a sign change is a release inside
         # the step. (At the sub-step's start they push: rows that would pull were
         # released.)
-        m_start, m_gap, lam_try, m_try, crossed = _monitor(
-            problem, c.t, c.y, t_try, y_try, active, c.e0, dt_rest=dt_rest, check=go)
-        releasing = jnp.min(lam_try, initial=jnp.inf) < m_gap
+        m_start, m_gap, lam_try, m_try, crossed, t_hi, m_hi_try = _monitor(
+            problem, c.t, c.y, t_try, y_try, active, c.e0, dt_rest=dt_rest, check=go,
+            dense=(k_first, k_last, moved))
+        # A row below zero inside the sub-step only (its interpolant): the
+        # crossing is bracketed by that point, and the end's values do not count.
+        dipped = go & (t_hi < t_try)
+        releasing = (jnp.min(lam_try, initial=jnp.inf) < m_gap) & ~dipped
         q_try, _ = _with(problem, active, c.e0).coordinates(t_try, y_try)
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q_try)))
         # (Relative to the bracket's values for multipliers, which have units of
@@ -436,14 +496,20 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         crossed = go & crossed
         # Free sub-step: accepted unless a row was crossed, which opens a bracket.
         start_locating = ~c.locating & crossed
-        # Locating: Illinois' update, or the event when converged.
-        feasible = m_try >= 0
+        # Locating: Illinois' update, or the event when converged. A trial whose
+        # interpolant dips below zero after the bracket's start has a crossing
+        # before its end: the bracket closes on that point.
+        inside = dipped & (t_hi > c.lo)
+        feasible = (m_try >= 0) & ~inside
         width = c.hi - c.lo
-        event = go & c.locating & ((jnp.abs(m_try) <= tol)
+        event = go & c.locating & (((jnp.abs(m_try) <= tol) & ~inside)
                                    | (width <= 4 * eps * jnp.abs(c.hi))
                                    | (c.trials >= _MAX_TRIALS))
-        # A release: the held rows whose multiplier reached zero.
-        released = releasing & active & (lam_try <= tol)
+        # A release: the held rows whose multiplier reached zero, and at least the
+        # one that attains the monitor (where the bracket closed on its width or
+        # the trials ran out, with the multiplier a round-off above `tol`: kept
+        # held, the row would be found crossing again at once, forever).
+        released = releasing & active & (lam_try <= jnp.maximum(tol, m_try))
 
         # Computed only where some trajectory of the batch has an event.
         t_e, y_e, held, e_after, events, decided = jax.lax.cond(
@@ -461,14 +527,15 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # Bracket: opened on a crossing, narrowed while locating (a restart leaves
         # it as it is).
         lo = jnp.where(start_locating, c.t, jnp.where(feasible, t_try, c.lo))
-        hi = jnp.where(start_locating, tb, jnp.where(feasible, c.hi, t_try))
+        closer = start_locating | inside  # (where the monitor puts the bracket's end)
+        hi = jnp.where(closer, t_hi, jnp.where(feasible, c.hi, t_try))
         # (A release's multipliers at the sub-step's start are not at hand: 0 makes
         # the first trial the start, whose value then enters the bracket.)
         m_lo = jnp.where(start_locating, jnp.where(releasing, 0.0,
                                                    jnp.maximum(m_start, 0.0)),
                          jnp.where(feasible, m_try,
                                    jnp.where(c.side == -1, c.m_lo / 2, c.m_lo)))
-        m_hi = jnp.where(start_locating, m_try,
+        m_hi = jnp.where(closer, m_hi_try,
                          jnp.where(feasible, jnp.where(c.side == 1, c.m_hi / 2, c.m_hi),
                                    m_try))
         side = jnp.where(start_locating, 0, jnp.where(feasible, 1, -1))
@@ -490,11 +557,12 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
             t=t_new, y=y_new, active=active_new,
             e0=jnp.where(event, e_after, c.e0), locating=locating,
             lo=lo, hi=hi, m_lo=m_lo, m_hi=m_hi, side=side, trials=trials,
-            done=accept_free,
+            done=accept_free | (event & decided.infeasible),
             events=events,
             substeps=c.substeps + 1,
             lam=jnp.where(accept_free, lam_try, c.lam),
             fresh=restart | (event & jnp.any(held)),
+            infeasible=event & decided.infeasible,
             ops=c.ops + changed.astype(c.ops.dtype), tape=tape)
 
     return jax.lax.while_loop(lambda c: ~c.done & (c.substeps < MAX_SUBSTEPS), body,
@@ -512,12 +580,13 @@ def _initial(problem: Problem, ta, y, active, e0) -> _Carry:
     tape = _Op(jnp.zeros(n, bool), jnp.zeros(n, bool), rows,
                jnp.zeros(n, dtype), jnp.zeros(n, dtype), jnp.zeros(n, bool),
                jnp.zeros(n, bool), jnp.zeros(n, bool), jnp.zeros(n, bool),
-               Decision(rows, rows, rows, jnp.zeros(n, bool)))
+               Decision(rows, rows, rows, jnp.zeros(n, bool), jnp.zeros(n, bool),
+                        rows))
     step_events = Events.empty(*problem.coordinates(ta, y), r, _STEP_EVENTS)
     return _Carry(ta, y, active, e0, false, zero, zero, zero, zero,
                   jnp.asarray(0), jnp.asarray(0), false, step_events,
-                  jnp.asarray(0), jnp.full(r, jnp.inf, dtype), false, jnp.asarray(0),
-                  tape)
+                  jnp.asarray(0), jnp.full(r, jnp.inf, dtype), false, false,
+                  jnp.asarray(0), tape)
 
 
 def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
@@ -554,13 +623,16 @@ class StepTape(NamedTuple):
     """What `event_step`'s search found, for its differentiable application: the
     changes its loop of sub-steps made (the first `count` of `ops`: one free
     sub-step where nothing happened); the rows held at the end, their multipliers
-    (for the release there) and whether the sub-steps sufficed."""
+    (for the release there), whether the sub-steps sufficed, and whether an
+    impact could not meet its conditions (`Decision.infeasible`: the step ends
+    there, and the solve with it)."""
 
     count: Array
     ops: _Op
     active: Bool[Array, " r"]
     lam: Float[Array, " r"]
     done: Bool[Array, ""]
+    infeasible: Bool[Array, ""]
 
 
 def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest,
@@ -625,7 +697,8 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         new = step_events
         for j in range(_STEP_EVENTS):
             events = events.add(j < new.count, new.t[j], new.q[j], new.v_before[j],
-                                new.v_after[j], new.impulse[j], new.rows[j], new.rest[j])
+                                new.v_after[j], new.impulse[j], new.rows[j], new.rest[j],
+                                new.grazing[j])
         return eqx.tree_at(lambda e: e.count, events,
                            events.count + jnp.maximum(new.count - _STEP_EVENTS, 0))
 
@@ -639,9 +712,11 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     and the `StepTape`. The plain step first, with the monitor at its end: the
     loop of sub-steps runs only where some trajectory of the batch has an event
     (a `while_loop` costs more than its one iteration in a small model's step)."""
-    y1 = _sub_step(problem, ta, tb, y, active, e0, jnp.asarray(True), projection)
-    *_, lam1, _, has_event = _monitor(problem, ta, y, tb, y1, active, e0,
-                                      dt_rest=dt_rest)
+    y1, _, (k_first, k_last) = _sub_step(problem, ta, tb, y, active, e0,
+                                         jnp.asarray(True), projection, dense=True)
+    _, _, lam1, _, has_event, _, _ = _monitor(
+        problem, ta, y, tb, y1, active, e0, dt_rest=dt_rest,
+        dense=(k_first, k_last, jnp.asarray(True)))
 
     def plain():
         init = _initial(problem, ta, y, active, e0)
@@ -658,7 +733,8 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
                         projection=projection),
         plain)
     lam = jnp.where(final.done, final.lam, jnp.inf)
-    return final, StepTape(final.ops, final.tape, final.active, lam, final.done)
+    return final, StepTape(final.ops, final.tape, final.active, lam, final.done,
+                           final.infeasible)
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
@@ -681,9 +757,13 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
             problem, ta, tb, y, active, e0, events, dt_rest=dt, projection=projection,
             tape=tape, forward_mode=forward_mode)
         result = RESULTS.where(running & ~done, RESULTS.event_limit, result)
-        keep = running & done
+        result = RESULTS.where(running & tape.infeasible, RESULTS.infeasible_contact,
+                               result)
+        keep = running & done & ~tape.infeasible
         y = jax.tree.map(lambda a, b: jnp.where(keep, a, b), y1, y)
-        # (A step that ran out of sub-steps ends the solve: its events are kept.)
+        # (A step that ran out of sub-steps, or whose impact was infeasible, ends
+        # the solve: its events are kept, and no later step's.)
+        events1 = jax.tree.map(lambda a, b: jnp.where(running, a, b), events1, events)
         carry = (y, jnp.where(keep, active1, active), jnp.where(keep, e01, e0), result,
                  events1)
         row = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (tb, y1))

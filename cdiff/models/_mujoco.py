@@ -355,27 +355,35 @@ class MuJoCoModel(AbstractModel):
 
     def unilateral(self, t, q):
         r"""The limits, as MuJoCo's: of each limited hinge and slide joint two rows
-        (lower, upper), $q_j - \ell_j \ge 0$ and $u_j - q_j \ge 0$; of each
-        limited ball joint one, its cone $u_j - \theta_j \ge 0$ with $\theta_j$
-        the angle of its rotation from the reference (as MuJoCo's `mju_quat2Vel`);
-        of each limited tendon two, $L_k - \ell_k \ge 0$ and $u_k - L_k \ge 0$
-        on its length. In that order."""
+        (lower, upper), $q_j - \ell_j - \mu_j \ge 0$ and $u_j - \mu_j - q_j \ge 0$;
+        of each limited ball joint one, its cone $u_j - \mu_j - \theta_j \ge 0$
+        with $\theta_j$ the angle of its rotation from the reference (as MuJoCo's
+        `mju_quat2Vel`); of each limited tendon two, $L_k - \ell_k - \mu_k \ge 0$
+        and $u_k - \mu_k - L_k \ge 0$ on its length. In that order. $\mu$ is the
+        joint's or tendon's `margin` (default 0): MuJoCo's limit holds at the
+        margin's distance from the range (its `efc_pos - efc_margin` is zero at
+        rest), and so does cdiff's row."""
         m = self.mjx_model
         rows = [jnp.zeros((0,), dtype=q.dtype)]
         if self._limits:
             joint, adr = (np.array(x) for x in zip(*self._limits))
             lo, hi = (m.jnt_range[joint, i].astype(q.dtype) for i in (0, 1))
+            margin = m.jnt_margin[joint].astype(q.dtype)
             x = q[adr]
-            rows.append(jnp.stack([x - lo, hi - x], axis=1).reshape(-1))
+            rows.append(jnp.stack([x - lo - margin, hi - margin - x],
+                                  axis=1).reshape(-1))
         if self._ball_limits:
             joint, adr = (np.array(x) for x in zip(*self._ball_limits))
             quat = q[adr[:, None] + np.arange(4)]
-            rows.append(m.jnt_range[joint, 1].astype(q.dtype) - _rotation_angle(quat))
+            rows.append((m.jnt_range[joint, 1] - m.jnt_margin[joint]).astype(q.dtype)
+                        - _rotation_angle(quat))
         if self._tendon_limits:
             tendon = np.array(self._tendon_limits)
             length = self._data(q).ten_length[tendon]
             lo, hi = (m.tendon_range[tendon, i].astype(q.dtype) for i in (0, 1))
-            rows.append(jnp.stack([length - lo, hi - length], axis=1).reshape(-1))
+            margin = m.tendon_margin[tendon].astype(q.dtype)
+            rows.append(jnp.stack([length - lo - margin, hi - margin - length],
+                                  axis=1).reshape(-1))
         return jnp.concatenate(rows)
 
     def unilateral_labels(self) -> tuple[str, ...]:
@@ -387,17 +395,21 @@ class MuJoCoModel(AbstractModel):
             name = self.joint_names[j]
             return f"joint {name!r}" if name else f"joint {j}"
 
+        def margin(x):
+            return f", margin {float(x):g}" if float(x) else ""
+
         labels = []
         for j, _ in self._limits:
             lo, hi = (float(x) for x in np.asarray(m.jnt_range[j]))
-            labels += [f"{joint(j)} lower (range {lo:g})",
-                       f"{joint(j)} upper (range {hi:g})"]
+            labels += [f"{joint(j)} lower (range {lo:g}{margin(m.jnt_margin[j])})",
+                       f"{joint(j)} upper (range {hi:g}{margin(m.jnt_margin[j])})"]
         for j, _ in self._ball_limits:
-            labels.append(f"{joint(j)} cone (range {float(m.jnt_range[j, 1]):g})")
+            labels.append(f"{joint(j)} cone (range {float(m.jnt_range[j, 1]):g}"
+                          f"{margin(m.jnt_margin[j])})")
         for k in self._tendon_limits:
             lo, hi = (float(x) for x in np.asarray(m.tendon_range[k]))
-            labels += [f"tendon {k} lower (range {lo:g})",
-                       f"tendon {k} upper (range {hi:g})"]
+            labels += [f"tendon {k} lower (range {lo:g}{margin(m.tendon_margin[k])})",
+                       f"tendon {k} upper (range {hi:g}{margin(m.tendon_margin[k])})"]
         return tuple(labels)
 
     def holonomic(self, t, q):
