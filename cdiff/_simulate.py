@@ -74,8 +74,8 @@ def simulate(
       is left at its default, and `saveat` asks for `t0`, `t1`, every step and/or
       save times `ts` (not both `ts` and steps; `ts` known before tracing, or at
       most 16 traced ones): the same results as `diffrax.diffeqsolve`, faster (see
-      the README's performance notes). Wrap it in
-      [`cdiff.Projected`][] to project onto the constraints after every step. A DAE
+      the performance notes of the docs' Benchmarks page, `docs/benchmarks.md`).
+      Wrap it in [`cdiff.Projected`][] to project onto the constraints after every step. A DAE
       formulation ([`cdiff.GGL`][], [`cdiff.IndexOne`][]) needs [`cdiff.BDF`][],
       which also takes ODE formulations without per-step data; with it `dt` is the
       first step, `saveat` may ask for `t0`, `t1`, `ts` and `steps`, and `adjoint`
