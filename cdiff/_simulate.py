@@ -214,11 +214,16 @@ def simulate(
     except TypeError as e:
         if "forward-mode autodiff" not in str(e):
             raise
+        rows = (" With unilateral rows it also needs cdiff's own RK4 loop (solver "
+                "cdiff.RK4() or cdiff.Projected(cdiff.RK4(), ...), a constant dt "
+                "known before tracing, a SaveAt of t0, t1 and/or steps): the "
+                "segments of other solvers take reverse mode only."
+                if unilateral else "")
         raise TypeError(
             "cdiff.simulate: forward-mode differentiation (jax.jvp, jax.jacfwd) "
             "needs simulate(..., adjoint=diffrax.ForwardMode()); the default "
             "adjoint is reverse mode only (cdiff's own RK4 loop: the discrete "
-            f"adjoint). ({e})"
+            f"adjoint).{rows} ({e})"
         ) from e
     if concrete and sol.result in (RESULTS.nonfinite, RESULTS.diverged):
         # A blow-up is often the symptom of constraints that no configuration meets.

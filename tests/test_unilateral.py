@@ -276,6 +276,9 @@ def test_forward_mode_through_an_impact():
     np.testing.assert_allclose(forward, _ball_height_derivative(), rtol=1e-8)
     with pytest.raises(ValueError, match="forward-mode.*own RK4 loop"):
         height(1.0, 0.5, adjoint=diffrax.ForwardMode(), solver=diffrax.Tsit5())
+    # (jax.jacfwd with the default adjoint names both what it needs.)
+    with pytest.raises(TypeError, match="ForwardMode.*own RK4 loop"):
+        jax.jacfwd(functools.partial(height, solver=diffrax.Tsit5()))(1.0, 0.5)
 
 
 @pytest.mark.parametrize("solver", [None, diffrax.Tsit5()], ids=["rk4", "tsit5"])
