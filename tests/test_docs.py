@@ -205,31 +205,6 @@ def raw_markup(site: Path) -> dict[str, list[tuple[str, str]]]:
     return found
 
 
-# Raw Markdown that comes from docstrings in cdiff/ (not from docs/): `{page: (where
-# it comes from, substrings of the findings it excuses)}`. Remove an entry once its
-# docstring is fixed.
-_DOCSTRING_MARKUP = {
-    # `$u = $` `code`: a space before the closing $ is not maths for arithmatex
-    # (MathJax typesets it in a browser).
-    "api/control/index.html": ("cdiff/_formulation/controller.py, cdiff/control/_aghili.py",
-                               ["$u = $", "$\\dot z = $", "$z(t_0) = $"]),
-    "api/formulations/index.html": (
-        "cdiff/_formulation/udwadia_kalaba.py: `+ $` before code; cdiff/_formulation/"
-        "dae.py: a $$ ... $$ block indented by 2 spaces in a list item",
-        ["\\text{rtol}\\,|E|", "(eqs. 15-18), \u2022:"]),
-    "api/models/index.html": (
-        "cdiff/models/_planar_arm_on_curve.py: a formula's line starting with `+ `; "
-        "cdiff/models/_reference.py and _mujoco.py: `$\\dot y = $`, `$Q = $` before code",
-        ["$J^T\\phi_x^T", "l_2\\sin(\\theta_1 + \\theta_2)", "$\\dot y = $", "$Q = $"]),
-    # A list item's second paragraph indented by 2 spaces (Python-Markdown wants 4):
-    # it closes the list, and the items after it are glued to it.
-    "api/simulate/index.html": ("cdiff/_solution.py: Solution's attribute list",
-                                ["a list glued to a paragraph"]),
-    "api/studies/index.html": ("cdiff/studies/_fit.py: tune's `progress` item after "
-                               "a code block", ["\u2022\n- \u2022: show a progress bar"]),
-}
-
-
 def test_built_pages_show_no_raw_markdown(built_site):
     """No built page shows Markdown or TeX that was not converted: a list glued to
     the paragraph above it (rendered as "... text - item - item"), maths left as
@@ -240,11 +215,8 @@ def test_built_pages_show_no_raw_markdown(built_site):
     if run.returncode != 0:
         pytest.fail("mkdocs build --strict failed (see test_mkdocs_build_strict)")
     found = raw_markup(site)
-    problems = []
-    for page, findings in sorted(found.items()):
-        excused = _DOCSTRING_MARKUP.get(page, ("", []))[1]
-        problems += [f"{page}: {what}: {text!r}" for what, text in findings
-                     if not any(e in f"{what}: {text}" for e in excused)]
+    problems = [f"{page}: {what}: {text!r}"
+                for page, findings in sorted(found.items()) for what, text in findings]
     assert not problems, "raw Markdown in the built pages:\n" + "\n".join(problems)
 
 

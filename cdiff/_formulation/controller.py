@@ -19,8 +19,8 @@ from .._results import error_if
 
 
 class AbstractStatefulController(eqx.Module):
-    r"""A controller with state: $u = $ `input(t, q, v, z, measurement)`,
-    $\dot z = $ `state_rate(t, q, v, z, measurement)`, $z(t_0) = $
+    r"""A controller with state: $u$ = `input(t, q, v, z, measurement)`,
+    $\dot z$ = `state_rate(t, q, v, z, measurement)`, $z(t_0)$ =
     `init_state(t0, q0, v0)`.
 
     Pass it to [`cdiff.simulate`][] as `control=`: the state $z$ (a pytree of
@@ -150,7 +150,7 @@ class ControllerState(AbstractFormulation):
 
 def _close_loop(plant, control: AbstractStatefulController, model, t, q, v, *,
                 throw: bool):
-    r"""The measurement $\lambda_m$ with $\lambda_m = $ `plant(lambda_m).multipliers`
+    r"""The measurement $\lambda_m$ with $\lambda_m$ = `plant(lambda_m).multipliers`
     (Newton, `control.measurement_iterations` steps from zero, exact Jacobian) and
     the dynamics there, with the run-time check of the residual."""
     k = jax.eval_shape(lambda: kinematics(model, t, q, v).b_v).shape[0]

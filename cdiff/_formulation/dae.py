@@ -309,8 +309,12 @@ class GGL(AbstractDAEFormulation):
     multiplier $\mu$ that projects $\dot q$, so neither drifts.
 
     - `variant="mass"` (eqs. 15-18), $x = [q, v, \lambda, \mu]$:
-      $$\dot q = T(q)(v + G^T\mu),\quad \dot v = M^{-1}(Q + Eu + A_v^T\lambda),\quad
-        0 = \Phi_q(t, q),\quad 0 = [\dot\Phi_q; \Phi_v](t, q, v).$$
+
+        $$\begin{gathered}
+        \dot q = T(q)(v + G^T\mu),\quad \dot v = M^{-1}(Q + Eu + A_v^T\lambda),\\
+        0 = \Phi_q(t, q),\quad 0 = [\dot\Phi_q; \Phi_v](t, q, v).
+        \end{gathered}$$
+
     - `variant="no_inverse"` (eqs. 19-23), $x = [q, v, w, \lambda, \mu]$: the
       acceleration $w$ becomes an algebraic variable, $\dot v = w$ with
       $0 = -Mw + Q + Eu + A_v^T\lambda$, so $M$ is never inverted (cheaper when $M$

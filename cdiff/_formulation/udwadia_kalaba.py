@@ -62,7 +62,7 @@ class UdwadiaKalaba(AbstractFormulation):
 
     **Energy row threshold.** The row $C_eN_v$ vanishes at rest and at turning
     points, where no tangential force can change the energy. Its pseudoinverse is
-    damped by $|\Phi_e| + \text{rtol}\,|E| + $ `energy_damping` (J; $\Phi_e$ and
+    damped by $|\Phi_e| + \text{rtol}\,|E|$ + `energy_damping` (J; $\Phi_e$ and
     $E$ taken at the step start): the correction then never changes the speed by
     more than the speed scale $\sqrt{|\Phi_e|}$ of the error itself, it is off
     while the tangential kinetic energy is below the energy's round-off level, and

@@ -227,7 +227,7 @@ class HybridForceMotion(AbstractStatefulController):
     (`measures = True`: the algebraic loop they form with the input is solved at
     every evaluation, exactly, since the law is affine in $\lambda$; see
     [`cdiff.control.AbstractStatefulController`][]) and $z$ the integrator, the
-    controller's state, integrated by the solver from $z(t_0) = $ `integral0`
+    controller's state, integrated by the solver from $z(t_0)$ = `integral0`
     and saved in `Solution.controller_state`. ($e_f = A^Te_\lambda$ is
     Aghili's $\mathcal F_d - \mathcal F$ up to the sign convention.)
 
@@ -381,7 +381,7 @@ class HybridForceMotion(AbstractStatefulController):
     def predicted_force_error(self, t, t0=0.0):
         r"""The multiplier error of a perfect model (controller model = plant):
         $e_\lambda(t) = -Ke^{-K(t - t_0)}z_0$, $K = (I + G_F)^{-1}G_I$, from
-        $z(t_0) = $ `integral0` (the closed form of eq. 50's law; zero for
+        $z(t_0)$ = `integral0` (the closed form of eq. 50's law; zero for
         `integral0=None`). A reference for a simulation, not used by it."""
         lam_d = jnp.asarray(self.force_reference(t))
         dtype = jnp.result_type(lam_d.dtype, float)

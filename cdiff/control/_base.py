@@ -97,7 +97,7 @@ def controller_terms(model: AbstractModel, t, q, v, rtol) -> ControllerTerms:
 
 
 def second_order(fn, q, v):
-    r"""$(\theta, J v, \dot J v)$ of $\theta = $ `fn(q)` along $\dot q = v$
+    r"""$(\theta, J v, \dot J v)$ of $\theta$ = `fn(q)` along $\dot q = v$
     ($\dot Jv = \partial^2\theta/\partial q^2[v, v]$), by nested `jax.jvp`."""
 
     def first(q):

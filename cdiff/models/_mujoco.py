@@ -163,7 +163,7 @@ class MuJoCoModel(AbstractModel):
     constraints. Build it with [`cdiff.models.from_mujoco`][].
 
     The dynamics are MuJoCo's, computed by MJX: $M(q)$ is the joint-space inertia
-    (armature included), $Q = $ `qfrc_passive` $-$ `qfrc_bias` (gravity and its
+    (armature included), $Q$ = `qfrc_passive` $-$ `qfrc_bias` (gravity and its
     compensation, Coriolis/centrifugal, joint and tendon springs and dampers, plus
     the affine bias of the actuators) and $E(q)$ maps `ctrl` to joint forces. Every
     active equality constraint (`eq_active0`) becomes exact holonomic residuals,

@@ -65,7 +65,7 @@ def _euler_lagrange(chart, s, sdot, params):
 
 def _linear_chart(s, chart_args):
     r"""The chart $q = (s, \theta_2^0 + k(s - \theta_1^0))$ about `s`, as a function
-    of $\epsilon = $ (angle $- s$)."""
+    of $\epsilon$ = angle $- s$."""
     theta0, k = chart_args
 
     def chart(eps):
@@ -224,8 +224,8 @@ class PlanarArmOnCurve(AbstractModel):
     index matrix $\varphi = \phi_xJM^{-1}J^T\phi_x^T$ (a scalar) vanishes iff
     $J^T\phi_x^T = 0$.
 
-    - Lines $x = \text{const}$ ($\phi_x = (1, 0)$): $J^T\phi_x^T = -[l_1\sin\theta_1
-      + l_2\sin(\theta_1 + \theta_2),\ l_2\sin(\theta_1 + \theta_2)]$ vanishes iff
+    - Lines $x = \text{const}$ ($\phi_x = (1, 0)$): $J^T\phi_x^T = -[l_1\sin\theta_1 +
+      l_2\sin(\theta_1 + \theta_2),\ l_2\sin(\theta_1 + \theta_2)]$ vanishes iff
       $\sin\theta_1 = \sin(\theta_1 + \theta_2) = 0$: $(0, 0), (\pi, 0), (0, \pi),
       (\pi, \pi)$, at $x = 2, -2, 0, 0$. None lies on $x = 1$; on $x = 0$ the folded
       $(0, \pi)$ and $(\pi, \pi)$ do (the end effector at the base), "the

@@ -21,7 +21,7 @@ class Reference(eqx.Module):
 
 
 class MinimalODE(eqx.Module):
-    r"""A model's motion as an ODE in minimal coordinates, $\dot y = $
+    r"""A model's motion as an ODE in minimal coordinates, $\dot y$ =
     `rhs(t, y, args)` from `y0`, with `state(y) -> (q, v)` mapping a minimal state
     back to the model's coordinates. Returned by the `minimal_ode()` method of the
     reference models that have one (the ODE their exact reference solves);

@@ -69,11 +69,12 @@ def tune(
       [`cdiff.control.HybridForceMotion`][] through a closed-loop run on a plant
       that is not its model,
 
-      ```python
-      spec = jax.tree.map(lambda _: False, ctrl)
-      spec = eqx.tree_at(lambda c: (c.gf, c.gi), spec, (True, True))
-      fit = cdiff.studies.tune(loss, ctrl, trainable=spec)
-      ```
+        ```python
+        spec = jax.tree.map(lambda _: False, ctrl)
+        spec = eqx.tree_at(lambda c: (c.gf, c.gi), spec, (True, True))
+        fit = cdiff.studies.tune(loss, ctrl, trainable=spec)
+        ```
+
     - `progress`: show a progress bar with the current loss (tqdm).
 
     **Returns:** a [`cdiff.studies.Fit`][] with the final `params` and the loss
