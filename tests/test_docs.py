@@ -411,3 +411,25 @@ def test_readme_links_resolve():
     broken = [target for target in links
               if not (ROOT / target.split("#")[0]).is_file()]
     assert not broken, f"README links to files that do not exist: {broken}"
+
+
+def test_the_front_pages_name_every_guide():
+    """The README and the site's home page link every guide of docs/ that a user
+    needs to find (unilateral constraints were on neither)."""
+    for page, prefix in ((ROOT / "README.md", "docs/"), (DOCS / "index.md", "")):
+        text = page.read_text(encoding="utf-8")
+        for guide in ("unilateral.md", "mujoco.md", "formulations.md", "errors.md",
+                      "limitations.md"):
+            assert f"]({prefix}{guide}" in text, f"{page.name} does not link {guide}"
+
+
+def test_the_repository_root_holds_no_stray_archives():
+    """No build output or download is committed at the top level (an unrelated
+    sdist was, for a week)."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not a git checkout")
+    tracked = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True,
+                             text=True, check=True).stdout.split()
+    stray = [f for f in tracked if "/" not in f
+             and f.endswith((".tar.gz", ".whl", ".zip", ".tgz"))]
+    assert not stray, stray
