@@ -21,6 +21,7 @@ from ._formulation.nullspace import AbstractStateFeedback, NullSpace
 from ._formulation.projection import Projection
 from ._formulation.regularized import Regularized
 from ._formulation.udwadia_kalaba import UdwadiaKalaba
+from ._impact import check_restitution
 from ._model import has_energy
 from ._results import is_concrete
 from ._routes import constant_steps
@@ -246,15 +247,7 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     if r[0] == 0:
         return 0
     name = type(model).__name__
-    shape = jnp.shape(model.restitution)
-    if shape not in ((), (1,), (r[0],)):
-        raise ValueError(
-            f"{name}.restitution has shape {shape}; it must be a scalar or one "
-            f"coefficient per unilateral row: {name}.unilateral(t, q) has {r[0]} "
-            "row(s).")
-    e = np.asarray(model.restitution) if is_concrete(model.restitution) else None
-    if e is not None and not (np.all(e >= 0) and np.all(e <= 1)):
-        raise ValueError(f"{name}.restitution must lie in [0, 1], got {e}")
+    check_restitution(model.restitution, r[0], f"{name}.restitution")
     unsupported = []
     dae = type(formulation) in (GGL, IndexOne)
     if not dae and type(formulation) not in (UdwadiaKalaba, Lagrange, Projection,

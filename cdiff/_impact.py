@@ -33,6 +33,27 @@ class Impact(eqx.Module):
     residual: Float[Array, ""]
 
 
+def restitution_outside(e):
+    """Whether a restitution `e` (a scalar or one per row) is outside [0, 1] or
+    NaN: a boolean scalar."""
+    e = jnp.asarray(e)
+    return ~jnp.all((e >= 0) & (e <= 1))
+
+
+def check_restitution(e, rows: int, what: str) -> None:
+    """Before tracing: a `ValueError` naming `what` (e.g. `Ball.restitution`) where
+    `e` is neither a scalar nor one per row of `rows`, or, where concrete, outside
+    [0, 1] or NaN (inside `jit` the solve's result code or `impact`'s run-time
+    error says so)."""
+    if jnp.shape(e) not in ((), (1,), (rows,)):
+        raise ValueError(f"{what} has shape {jnp.shape(e)}; it must be a scalar or one "
+                         f"coefficient per unilateral row: {rows} row(s).")
+    # (NumPy: inside a trace, jax.numpy makes even constants traced.)
+    if is_concrete(e) and not np.all((np.asarray(e) >= 0) & (np.asarray(e) <= 1)):
+        raise ValueError(f"{what} must lie in [0, 1] (NaN is not allowed), got "
+                         f"{np.asarray(e)}")
+
+
 def unilateral_rate(model: AbstractModel, t, q, v):
     r"""`(g, gdot, G)`: the unilateral rows at `(t, q)`, their rate
     $\dot g = Gv + \partial g/\partial t$ and their velocity Jacobian $G$."""
@@ -77,19 +98,14 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     e = model.restitution if restitution is None else restitution
     # (The rows' count, from their shape alone.)
     r = jax.eval_shape(model.unilateral, t, jnp.asarray(q)).shape[0]
-    if jnp.shape(e) not in ((), (1,), (r,)):
-        raise ValueError(f"cdiff.impact: the restitution has shape {jnp.shape(e)}; it "
-                         f"must be a scalar or one per unilateral row ({r}).")
-    outside = "cdiff.impact: the restitution must lie in [0, 1] (NaN is not allowed)"
-    if is_concrete(e):
-        if not np.all((np.asarray(e) >= 0) & (np.asarray(e) <= 1)):
-            raise ValueError(f"{outside}; got {np.asarray(e)}.")
+    check_restitution(e, r, "cdiff.impact: the restitution")
     law = impact_law(model, t, q, v, hit, rtol=rtol, throw=throw)
     out = law(e)
     if not is_concrete(e):
-        bad = ~jnp.all((jnp.asarray(e) >= 0) & (jnp.asarray(e) <= 1))
+        bad = restitution_outside(e)
         if throw:
-            out = eqx.error_if(out, bad, outside + ".")
+            out = eqx.error_if(out, bad, "cdiff.impact: the restitution must lie in "
+                               "[0, 1] (NaN is not allowed).")
         else:  # (NaN, as for a mass matrix that is not positive definite)
             out = jax.tree.map(lambda x: jnp.where(bad, jnp.nan, x)
                                if jnp.issubdtype(x.dtype, jnp.inexact) else x, out)

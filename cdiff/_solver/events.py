@@ -57,7 +57,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._impact import impact_law, unilateral_rate
+from .._impact import impact_law, restitution_outside, unilateral_rate
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, rates, stack_saved
@@ -133,10 +133,9 @@ def start_result(problem: Problem, t0, y0):
     model = problem.context.model.model
     q0 = problem.coordinates(t0, y0)[0]
     g0 = model.unilateral(t0, q0)
-    e = jnp.asarray(model.restitution, q0.dtype)
     return RESULTS.where(
         jnp.any(g0 < -start_tolerance(q0)), RESULTS.penetrating_start,
-        RESULTS.where(~jnp.all((e >= 0) & (e <= 1)), RESULTS.bad_restitution,
+        RESULTS.where(restitution_outside(model.restitution), RESULTS.bad_restitution,
                       RESULTS.successful))
 
 
