@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._consistent import inconsistency
+from ._kinematics import residuals
 from ._impact import WithUnilateral
 from ._formulation.base import AbstractFormulation
 from ._model import AbstractModel, check_model
@@ -75,11 +76,12 @@ def simulate(
       save times `ts` (not both `ts` and steps; `ts` known before tracing, or at
       most 16 traced ones): the same results as `diffrax.diffeqsolve`, faster (see
       the performance notes of the docs' Benchmarks page, `docs/benchmarks.md`).
-      Wrap it in [`cdiff.Projected`][] to project onto the constraints after every step. A DAE
-      formulation ([`cdiff.GGL`][], [`cdiff.IndexOne`][]) needs [`cdiff.BDF`][],
-      which also takes ODE formulations without per-step data; with it `dt` is the
-      first step, `saveat` may ask for `t0`, `t1`, `ts` and `steps`, and `adjoint`
-      chooses reverse (default) or forward mode (`diffrax.ForwardMode()`).
+      Wrap it in [`cdiff.Projected`][] to project onto the constraints after
+      every step. A DAE formulation ([`cdiff.GGL`][], [`cdiff.IndexOne`][]) needs
+      [`cdiff.BDF`][], which also takes ODE formulations without per-step data;
+      with it `dt` is the first step, `saveat` may ask for `t0`, `t1`, `ts` and
+      `steps`, and `adjoint` chooses reverse (default) or forward mode
+      (`diffrax.ForwardMode()`).
     - `saveat`: a `cdiff.SaveAt` (= `diffrax.SaveAt`); default: `t0` and every step.
       Save times `ts` must be sorted and lie in `[t0, t1]` (checked before tracing
       when known); the state between steps is the solver's dense output (RK4:
@@ -141,8 +143,8 @@ def simulate(
       events (a diffrax solver, an adaptive step, save times, or `cdiff.BDF`), the
       most events (impacts and releases) the solve takes: it ends with
       `cdiff.RESULTS.too_many_events` at the first one beyond; default 256
-      (static). cdiff's RK4 loop has
-      no such cap (at most 64 sub-steps in a step), and refuses it.
+      (static). cdiff's RK4 loop has no such cap (at most 64 sub-steps in a
+      step), and refuses it.
 
     **Returns:** a [`cdiff.Solution`][].
 
@@ -302,8 +304,7 @@ _START_TOLERANCE = 1e-6
 
 @eqx.filter_jit
 def _start_residuals(model, t0, q0, v0):
-    terms = model.terms(t0, q0, v0)
-    hol, vel = terms.residuals
+    hol, vel = residuals(model, t0, q0, v0)
     return jnp.max(jnp.abs(hol), initial=0.0), jnp.max(jnp.abs(vel), initial=0.0)
 
 
