@@ -55,6 +55,7 @@ import equinox as eqx
 import equinox.internal as eqxi
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from .._impact import impact_law, restitution_outside, unilateral_rate
@@ -154,8 +155,32 @@ def _held(problem: Problem, t, y, active, multipliers):
 
 def held_multipliers(problem: Problem, t, y, active, e0, *, dt_rest):
     """The held rows' multipliers at `(t, y)` (inf where not held)."""
+    return held_dynamics(problem, t, y, active, e0, dt_rest=dt_rest)[0]
+
+
+def held_dynamics(problem: Problem, t, y, active, e0, *, dt_rest):
+    """`(lam, vdot)` at `(t, y)` with the rows `active` held, from one evaluation
+    of the dynamics: the held rows' multipliers (inf where not held) and the
+    acceleration (what the rows' accelerations before an impact, and the event
+    time's correction, read)."""
     prob = _with(problem, active, e0)
-    return _held(problem, t, y, active, prob.dynamics(t, y, dt_rest).multipliers)
+    dyn = prob.dynamics(t, y, dt_rest)
+    _, vdot = rates(prob.formulation, prob.context, t, y, dyn)
+    return _held(problem, t, y, active, dyn.multipliers), vdot
+
+
+def _row_acceleration(model, t, q, v, vdot):
+    r"""The rows' accelerations $\ddot g$ at `(t, q, v)` with acceleration `vdot`."""
+    return jax.jvp(lambda q, v: unilateral_rate(model, t, q, v)[1], (q, v),
+                   (model.position_rate(t, q, v), vdot))[1]
+
+
+def _plastic(restitution) -> bool:
+    """Whether every impact is plastic, known before tracing (the rest rule has
+    nothing to decide)."""
+    if isinstance(restitution, jax.core.Tracer):
+        return False
+    return bool(np.all(np.asarray(restitution) == 0))
 
 
 def release(problem: Problem, t, y, active, e0, lam):
@@ -190,7 +215,7 @@ class Decision(NamedTuple):
 
 
 def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, *,
-               record, dt_rest, decision: Decision | None = None):
+               record, dt_rest, decision: Decision | None = None, vdot=None):
     """An event at the state `(t, q, v)` (on a row, or where a held row's
     multiplier reached zero), taken: the impact on the inactive rows at contact,
     made plastic by the rest rule where a bounce is too slow to leave for
@@ -204,7 +229,9 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     With the `decision` of an earlier call at this event (a search's), it is
     applied without being made again: one projection (no active-set iteration, no
     rest rule), the same values, and the same derivatives (the choices carry
-    none)."""
+    none). `vdot`: the acceleration at `(t, q, v)` with the rows `active` held,
+    where the caller has it (the monitor's), else evaluated here for the
+    decision."""
     model = problem.context.model.model
     throw = problem.context.throw
     dtype = q.dtype
@@ -216,7 +243,10 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
         hit = ~active & (model.unilateral(t, q) <= eps ** 0.75 * scale)
         # (A held row joins the impact where the others' impulses drive it in.)
         law = impact_law(model, t, q, v, hit | (active & ~released), throw=throw)
-        decision = _decide(problem, law, t, q, v, active, released, hit, e, e0,
+        if vdot is None:
+            vdot = held_dynamics(problem, t, _with(problem, active, e0).restart(t, q, v),
+                                 active, e0, dt_rest=dt_rest)[1]
+        decision = _decide(problem, law, t, q, v, vdot, active, released, hit, e, e0,
                            dt_rest=dt_rest)
     else:
         law = impact_law(model, t, q, v, throw=throw)
@@ -231,32 +261,37 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     return y, decision.held, e_after, events, decision
 
 
-def _decide(problem: Problem, law, t, q, v, active, released, hit, e, e0, *,
+def _decide(problem: Problem, law, t, q, v, vdot, active, released, hit, e, e0, *,
             dt_rest) -> Decision:
-    """`take_event`'s choices at `(t, q)`: the rest rule, the rows that take part
-    and those held from there."""
+    """`take_event`'s choices at `(t, q)` where the velocity `v` has the
+    acceleration `vdot`: the rest rule, the rows that take part and those held from
+    there."""
     model = problem.context.model.model
     eps = jnp.finfo(q.dtype).eps
-    prob = _with(problem, active, e0)
     first = law(e)
-    # Rest: a bounce too slow to leave for a step becomes plastic.
-    y_plus = prob.restart(t, q, first.v)
-    dyn = prob.dynamics(t, y_plus, dt_rest)
-    _, vdot = rates(prob.formulation, prob.context, t, y_plus, dyn)
-    q_plus, v_plus = prob.coordinates(t, y_plus)
-    gdot_plus, gddot = jax.jvp(
-        lambda q, v: unilateral_rate(model, t, q, v)[1], (q_plus, v_plus),
-        (model.position_rate(t, q_plus, v_plus), vdot))
-    rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot * dt_rest))
-    out = law(jnp.where(rest, 0.0, e))
+    if _plastic(model.restitution):
+        rest, out = first.rows, first
+    else:
+        # Rest: a bounce too slow to leave for a step becomes plastic (the
+        # acceleration after the bounce, one more evaluation of the dynamics).
+        prob = _with(problem, active, e0)
+        y_plus = prob.restart(t, q, first.v)
+        _, vdot_plus = held_dynamics(problem, t, y_plus, active, e0, dt_rest=dt_rest)
+        q_plus, v_plus = prob.coordinates(t, y_plus)
+        gdot_plus = unilateral_rate(model, t, q_plus, v_plus)[1]
+        gddot_plus = _row_acceleration(model, t, q_plus, v_plus, vdot_plus)
+        rest = first.rows & ((e == 0) | (2 * gdot_plus <= -gddot_plus * dt_rest))
+        out = law(jnp.where(rest, 0.0, e))
     # Every row at contact that does not leave it holds from here: those stopped
     # by the impact, and those that arrived at zero speed.
     _, gdot_out, _ = unilateral_rate(model, t, q, out.v)
     vscale = jnp.maximum(1.0, jnp.max(jnp.abs(out.v)))
     contact = hit & (gdot_out <= jnp.sqrt(eps) * vscale)
     held = (active & ~released) | contact
-    # Grazing: a row hit slower than one step's acceleration turns it back.
+    # Grazing: a row hit slower than one step of its acceleration as it arrives
+    # would turn it back.
     _, gdot_minus, _ = unilateral_rate(model, t, q, v)
+    gddot = _row_acceleration(model, t, q, v, vdot)
     grazing = hit & (gdot_minus < 0) & (gddot > 0) & (-gdot_minus < gddot * dt_rest)
     return Decision(out.rows, rest & out.rows, held, jnp.any(hit),
                     out.residual > jnp.sqrt(eps) * vscale, grazing)
@@ -268,7 +303,8 @@ class _Op(NamedTuple):
     start (the held rows checked for release), a sub-step to `t_try` (to `t_step`,
     where it `moved`) with the rows `active` held, kept where `free`, or ended by
     an event there (at a release where `releasing`) and what was `decided` at
-    it."""
+    it, with the acceleration there (`vdot`, for the event time's correction).
+    """
 
     valid: Bool[Array, ""]
     restart: Bool[Array, ""]
@@ -280,6 +316,7 @@ class _Op(NamedTuple):
     event: Bool[Array, ""]
     releasing: Bool[Array, ""]
     decided: Decision
+    vdot: Float[Array, " nv"]
 
 
 class _Carry(NamedTuple):
@@ -321,15 +358,17 @@ def _gap(model, t, q, active):
 _INSIDE = (0.25, 0.5, 0.75)
 
 
-def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, check=True,
+def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, evaluate,
              dense=None):
     """The monitor over a sub-step from `(t0, y0)` to `(t1, y1)` with the rows
-    `active` held: `(m_start, m_gap, lam, m_end, crossed, t_hi, m_hi)`, the
+    `active` held: `(m_start, m_gap, lam, m_end, crossed, t_hi, m_hi, vdot)`, the
     inactive rows' minimum at its start and end, the held rows' multipliers at
-    its end (inf where not held; evaluated where some trajectory of the batch
-    holds a row and `check`s), the minimum of both at its end, whether it crossed
-    zero downwards (an event inside the sub-step), and the end of the bracket
-    that holds the first such crossing with the monitor there. With `dense =
+    its end (inf where not held), the minimum of both at its end, whether it
+    crossed zero downwards (an event inside the sub-step), the end of the bracket
+    that holds the first such crossing with the monitor there, and the
+    acceleration at its end. The multipliers and the acceleration come from one
+    evaluation of the dynamics, made where some trajectory of the batch has
+    `evaluate` (else inf and zero). With `dense =
     (k_first, k_last, moved)`, the sub-step's first and last RK4 stages, the
     inactive rows are also checked at `_INSIDE` on the coordinates' interpolant
     (diffrax's dense output of RK4): a dip below zero there, with both ends above
@@ -338,10 +377,12 @@ def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, check=Tru
     prob = _with(problem, active, e0)
     m_start, _ = _gap(model, t0, y0[0], active)
     m_gap, _ = _gap(model, t1, prob.coordinates(t1, y1)[0], active)
-    lam = jax.lax.cond(
-        eqxi.unvmap_any(jnp.any(active) & check),
-        lambda: held_multipliers(problem, t1, y1, active, e0, dt_rest=dt_rest),
-        lambda: jnp.full(active.shape, jnp.inf, t1.dtype))
+    lam, vdot = jax.lax.cond(
+        eqxi.unvmap_any(evaluate),
+        lambda: held_dynamics(problem, t1, y1, active, e0, dt_rest=dt_rest),
+        lambda: (jnp.full(active.shape, jnp.inf, t1.dtype),
+                 jnp.zeros_like(prob.coordinates(t1, y1)[1])))
+    lam = jnp.where(evaluate, lam, jnp.inf)
     m_end = jnp.minimum(m_gap, jnp.min(lam, initial=jnp.inf))
     below = jnp.minimum(m_start, 0.0)
     crossed = (m_end < 0) & (m_end < below)
@@ -361,7 +402,7 @@ def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, check=Tru
         crossed = crossed | dipped
         t_hi = jnp.where(dipped, ts[first], t1)
         m_hi = jnp.where(dipped, inside[first], m_end)
-    return m_start, m_gap, lam, m_end, crossed, t_hi, m_hi
+    return m_start, m_gap, lam, m_end, crossed, t_hi, m_hi, vdot
 
 
 def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
@@ -407,14 +448,14 @@ def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
     return y_try
 
 
-def _event_at(problem: Problem, t_try, y_try, active, releasing, released, e0,
+def _event_at(problem: Problem, t_try, y_try, vdot, active, releasing, released, e0,
               events: Events, *, record, dt_rest, decision: Decision | None = None):
-    """The event located at the trial `(t_try, y_try)`: the state corrected to
-    first order to the monitor's root (none at a release), then `take_event`
-    (with the `decision` of the search that found it, in `_replay`). Returns
-    `(t_e, y, held, e0, events, decision)`. The correction is zero in value and
-    carries the event time's derivative: in the search (no `decision`) it is
-    left out, and so is the evaluation of the dynamics it needs."""
+    """The event located at the trial `(t_try, y_try)`, whose acceleration `vdot`
+    the monitor evaluated there: the state corrected to first order to the
+    monitor's root (none at a release), then `take_event` (with the `decision` of
+    the search that found it, in `_replay`). Returns `(t_e, y, held, e0, events,
+    decision)`. The correction is zero in value and carries the event time's
+    derivative: in the search (no `decision`) it is left out."""
     model = problem.context.model.model
     prob = _with(problem, active, e0)
     q_try, v_try = prob.coordinates(t_try, y_try)
@@ -430,17 +471,16 @@ def _event_at(problem: Problem, t_try, y_try, active, releasing, released, e0,
     # derivative.)
     q_e, v_e, t_e = q_try, v_try, t_try
     if decision is not None:
-        dyn = prob.dynamics(t_try, y_try, dt_rest)
-        _, vdot = rates(prob.formulation, prob.context, t_try, y_try, dyn)
         # (With delta zero, d(delta * rate) = rate d(delta): the rates' own
         # derivatives would be multiplied by zero, and are left out.)
-        qdot, vdot = jax.lax.stop_gradient(
+        qdot, vdot_e = jax.lax.stop_gradient(
             (model.position_rate(t_try, q_try, v_try), vdot))
         q_e = q_try + delta * qdot
-        v_e = v_try + delta * vdot
+        v_e = v_try + delta * vdot_e
         t_e = t_try + delta
     return (t_e, *take_event(problem, t_e, q_e, v_e, active, released, e0, events,
-                             record=record, dt_rest=dt_rest, decision=decision))
+                             record=record, dt_rest=dt_rest, decision=decision,
+                             vdot=vdot))
 
 
 def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
@@ -479,8 +519,11 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # The held rows' multipliers at the end: a sign change is a release inside
         # the step. (At the sub-step's start they push: rows that would pull were
         # released.)
-        m_start, m_gap, lam_try, m_try, crossed, t_hi, m_hi_try = _monitor(
-            problem, c.t, c.y, t_try, y_try, active, c.e0, dt_rest=dt_rest, check=go,
+        # (The dynamics at the trial's end: for the held rows' multipliers, and
+        # while locating, for the event that may be taken there.)
+        m_start, m_gap, lam_try, m_try, crossed, t_hi, m_hi_try, vdot_try = _monitor(
+            problem, c.t, c.y, t_try, y_try, active, c.e0, dt_rest=dt_rest,
+            evaluate=go & (jnp.any(active) | c.locating),
             dense=(k_first, k_last, moved))
         # A row below zero inside the sub-step only (its interpolant): the
         # crossing is bracketed by that point, and the end's values do not count.
@@ -513,8 +556,9 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # Computed only where some trajectory of the batch has an event.
         t_e, y_e, held, e_after, events, decided = jax.lax.cond(
             eqxi.unvmap_any(event),
-            lambda: _event_at(problem, t_try, y_try, active, releasing, released,
-                              c.e0, c.events, record=event, dt_rest=dt_rest),
+            lambda: _event_at(problem, t_try, y_try, vdot_try, active, releasing,
+                              released, c.e0, c.events, record=event,
+                              dt_rest=dt_rest),
             lambda: (t_try, y_try, active, c.e0, c.events, Decision.none(active)))
 
         accept_free = go & ~c.locating & ~crossed
@@ -548,7 +592,7 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # The change this iteration made, for the replay.
         changed = restart | accept_free | event
         op = _Op(changed, restart, active, t_try, t_step, moved & go, accept_free,
-                 event, releasing, decided)
+                 event, releasing, decided, vdot_try)
         i = jnp.minimum(c.ops, MAX_SUBSTEPS - 1)
         tape = jax.tree.map(lambda buf, x: buf.at[i].set(jnp.where(changed, x, buf[i])),
                             c.tape, op)
@@ -576,11 +620,12 @@ def _initial(problem: Problem, ta, y, active, e0) -> _Carry:
     false = jnp.asarray(False)
     n = MAX_SUBSTEPS
     rows = jnp.zeros((n, r), bool)
+    v = problem.coordinates(ta, y)[1]
     tape = _Op(jnp.zeros(n, bool), jnp.zeros(n, bool), rows,
                jnp.zeros(n, dtype), jnp.zeros(n, dtype), jnp.zeros(n, bool),
                jnp.zeros(n, bool), jnp.zeros(n, bool), jnp.zeros(n, bool),
                Decision(rows, rows, rows, jnp.zeros(n, bool), jnp.zeros(n, bool),
-                        rows))
+                        rows), jnp.zeros((n,) + v.shape, v.dtype))
     step_events = Events.empty(*problem.coordinates(ta, y), r, _STEP_EVENTS)
     return _Carry(ta, y, active, e0, false, zero, zero, zero, zero,
                   jnp.asarray(0), jnp.asarray(0), false, step_events,
@@ -604,8 +649,8 @@ def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
         y_try = _sub_step(problem, t, op.t_step, y, op.active, e0, op.moved, projection)
         t_e, y_e, _, e_after, events, _ = jax.lax.cond(
             eqxi.unvmap_any(op.event),
-            lambda: _event_at(problem, op.t_try, y_try, op.active, op.releasing,
-                              None, e0, events, record=op.event,
+            lambda: _event_at(problem, op.t_try, y_try, op.vdot, op.active,
+                              op.releasing, None, e0, events, record=op.event,
                               dt_rest=dt_rest, decision=op.decided),
             lambda: (op.t_try, y_try, op.active, e0, events, op.decided))
         t_new = jnp.where(op.event, t_e, jnp.where(op.free, op.t_try, t))
@@ -713,15 +758,15 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     (a `while_loop` costs more than its one iteration in a small model's step)."""
     y1, _, (k_first, k_last) = _sub_step(problem, ta, tb, y, active, e0,
                                          jnp.asarray(True), projection, dense=True)
-    _, _, lam1, _, has_event, _, _ = _monitor(
+    _, _, lam1, _, has_event, _, _, vdot1 = _monitor(
         problem, ta, y, tb, y1, active, e0, dt_rest=dt_rest,
-        dense=(k_first, k_last, jnp.asarray(True)))
+        evaluate=jnp.any(active), dense=(k_first, k_last, jnp.asarray(True)))
 
     def plain():
         init = _initial(problem, ta, y, active, e0)
         true = jnp.asarray(True)
         op = _Op(true, jnp.asarray(False), active, tb, tb, true, true,
-                 jnp.asarray(False), jnp.asarray(False), Decision.none(active))
+                 jnp.asarray(False), jnp.asarray(False), Decision.none(active), vdot1)
         tape = jax.tree.map(lambda buf, x: buf.at[0].set(x), init.tape, op)
         return init._replace(t=tb, y=y1, done=true, substeps=jnp.asarray(1),
                              lam=lam1, ops=jnp.asarray(1), tape=tape)
