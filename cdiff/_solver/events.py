@@ -63,7 +63,7 @@ from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, rates, stack_saved
 from .adjoint import adjoint_loop, adjoint_scan
-from .rk4 import _show_progress, rk4_step
+from .rk4 import _axpy, _show_progress, rk4_step
 
 # Sub-steps (detection, location trials, sub-steps after events) within one step.
 MAX_SUBSTEPS = 64
@@ -358,31 +358,21 @@ def _gap(model, t, q, active):
 _INSIDE = (0.25, 0.5, 0.75)
 
 
-def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, evaluate,
-             dense=None):
+def _monitor(problem: Problem, t0, y0, t1, y1, active, lam, *, dense=None):
     """The monitor over a sub-step from `(t0, y0)` to `(t1, y1)` with the rows
-    `active` held: `(m_start, m_gap, lam, m_end, crossed, t_hi, m_hi, vdot)`, the
-    inactive rows' minimum at its start and end, the held rows' multipliers at
-    its end (inf where not held), the minimum of both at its end, whether it
-    crossed zero downwards (an event inside the sub-step), the end of the bracket
-    that holds the first such crossing with the monitor there, and the
-    acceleration at its end. The multipliers and the acceleration come from one
-    evaluation of the dynamics, made where some trajectory of the batch has
-    `evaluate` (else inf and zero). With `dense =
+    `active` held, whose held rows' multipliers at its end are `lam` (inf where
+    not held; `_searched_sub_step`'s): `(m_start, m_gap, m_end, crossed, t_hi,
+    m_hi)`, the inactive rows' minimum at its start and end, the minimum of both
+    at its end, whether it crossed zero downwards (an event inside the sub-step),
+    and the end of the bracket that holds the first such crossing with the
+    monitor there. With `dense =
     (k_first, k_last, moved)`, the sub-step's first and last RK4 stages, the
     inactive rows are also checked at `_INSIDE` on the coordinates' interpolant
     (diffrax's dense output of RK4): a dip below zero there, with both ends above
     it, is a crossing too, bracketed by the first point below."""
     model = problem.context.model.model
-    prob = _with(problem, active, e0)
-    m_start, _ = _gap(model, t0, y0[0], active)
-    m_gap, _ = _gap(model, t1, prob.coordinates(t1, y1)[0], active)
-    lam, vdot = jax.lax.cond(
-        eqxi.unvmap_any(evaluate),
-        lambda: held_dynamics(problem, t1, y1, active, e0, dt_rest=dt_rest),
-        lambda: (jnp.full(active.shape, jnp.inf, t1.dtype),
-                 jnp.zeros_like(prob.coordinates(t1, y1)[1])))
-    lam = jnp.where(evaluate, lam, jnp.inf)
+    m_start, _ = _gap(model, t0, problem.coordinates(t0, y0)[0], active)
+    m_gap, _ = _gap(model, t1, problem.coordinates(t1, y1)[0], active)
     m_end = jnp.minimum(m_gap, jnp.min(lam, initial=jnp.inf))
     below = jnp.minimum(m_start, 0.0)
     crossed = (m_end < 0) & (m_end < below)
@@ -402,50 +392,100 @@ def _monitor(problem: Problem, t0, y0, t1, y1, active, e0, *, dt_rest, evaluate,
         crossed = crossed | dipped
         t_hi = jnp.where(dipped, ts[first], t1)
         m_hi = jnp.where(dipped, inside[first], m_end)
-    return m_start, m_gap, lam, m_end, crossed, t_hi, m_hi, vdot
+    return m_start, m_gap, m_end, crossed, t_hi, m_hi
 
 
-def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
-              multipliers: bool = False, dense: bool = False):
+def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection):
     """An RK4 sub-step from `(t, y)` to `t_step` with the rows `active` held (and
-    `projection` after it), or `y` where it has not `moved`. With `multipliers`
-    or `dense`, `(y, lam, stages)`: also the held rows' multipliers at `(t, y)`
-    (inf where not held; with `multipliers`), read from the first stage's
-    dynamics (whose per-step data are the sub-step's), and the first and last
-    stages, `(k_first, k_last)`, for the interpolant (with `dense`)."""
+    `projection` after it), or `y` where it has not `moved`: the step applied,
+    differentiably (`_replay`, `event_step`)."""
     prob = _with(problem, active, e0)
-    lam = None
-    if not multipliers:
-        y_try, k_first, k_last = rk4_step(
-            prob.rate, prob.freeze, prob.end_step, t, t_step, y,
-            rate_and_freeze=(prob.rate_and_freeze if problem.freezes_at_first_stage
-                             else None), keep_first=dense)
-    else:
-        own = problem.freezes_at_first_stage
-        lam0 = jnp.full(active.shape, jnp.inf, t.dtype)
-        frozen0 = (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                jax.eval_shape(prob.freeze, t, t_step, y)) if own
-                   else prob.freeze(t, t_step, y))
-
-        def stage(t_i, y_i, carried, h, first):
-            frozen, lam = carried
-            if own:
-                dyn, frozen = prob.dynamics_and_freeze(t_i, y_i, frozen, h, first)
-            else:
-                dyn = prob.dynamics_with(t_i, y_i, frozen)
-            lam = jnp.where(first, _held(problem, t_i, y_i, active, dyn.multipliers),
-                            lam)
-            return dyn.rate, (frozen, lam)
-
-        y_try, k_first, k_last, (_, lam) = rk4_step(
-            None, prob.freeze, prob.end_step, t, t_step, y, rate_and_freeze=stage,
-            carried=(frozen0, lam0), keep_first=dense)
+    y_try, _, _ = rk4_step(
+        prob.rate, prob.freeze, prob.end_step, t, t_step, y,
+        rate_and_freeze=(prob.rate_and_freeze if problem.freezes_at_first_stage
+                         else None))
     if projection is not None:
         y_try = prob.formulation.project(t_step, y_try, prob.context, projection)
-    y_try = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, y)
-    if multipliers or dense:
-        return y_try, lam, (k_first, k_last) if dense else None
-    return y_try
+    return jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, y)
+
+
+# Classic RK4's nodes and weights, and a fifth evaluation at the sub-step's end.
+_NODES = (0.0, 0.5, 0.5, 1.0, 0.0)
+_WEIGHTS = (1 / 6, 1 / 3, 1 / 3, 1 / 6, 0.0)
+
+
+def _searched_sub_step(problem: Problem, t, t_step, t_end, y, active, e0, moved,
+                       projection, *, dt_rest, evaluate):
+    """The search's sub-step (no derivatives): the RK4 sub-step of `_sub_step`,
+    and the dynamics at its start and at `(t_end, y_end)` (its end, or its start
+    where it has not `moved`) from the same loop: one copy of the dynamics in the
+    compiled program, evaluated at the four stages and, where some trajectory of
+    the batch has `evaluate`, a fifth time at the end. Returns `(y_end, lam_start,
+    (k_first, k_last), lam_end, vdot_end)`: the held rows' multipliers at the
+    start (read from the first stage, whose per-step data are the sub-step's) and
+    at the end (inf where not held, or not evaluated), the first and last stages'
+    increments (for the interpolant), and the acceleration at the end (with the
+    per-step data of a step of `dt_rest` from there, as `held_dynamics`)."""
+    prob = _with(problem, active, e0)
+    own = problem.freezes_at_first_stage
+    h = t_step - t
+    dtype = jnp.result_type(h)
+    nodes, weights = jnp.array(_NODES, dtype), jnp.array(_WEIGHTS, dtype)
+    q, v = prob.coordinates(t, y)
+    # (The per-step data are set at the first evaluation and again at the end.)
+    frozen = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                          jax.eval_shape(prob.freeze, t, t_step, y))
+    dynamics_shape = jax.eval_shape(prob.dynamics_with, t, y, frozen)
+    any_end = eqxi.unvmap_any(evaluate)
+
+    def end_state(total):
+        y1 = prob.end_step(t_step, jax.tree.map(jnp.add, y, total))
+        if projection is not None:
+            y1 = prob.formulation.project(t_step, y1, prob.context, projection)
+        return jax.tree.map(lambda a, b: jnp.where(moved, a, b), y1, y)
+
+    def body(i, carry):
+        k_prev, total, k_first, frozen, lam_start, y_end, lam_end, vdot_end = carry
+        last = i == 4
+        y_i = jax.lax.cond(last, end_state, lambda total: _axpy(y, nodes[i], k_prev),
+                           total)
+        t_i = jnp.where(last, t_end, t + nodes[i] * h)
+        first = (i == 0) | last
+
+        def evaluate_here():
+            if own:
+                return prob.dynamics_and_freeze(
+                    t_i, y_i, frozen, jnp.where(last, dt_rest, h), first)
+            frozen_i = jax.lax.cond(
+                first, lambda: prob.freeze(t_i, jnp.where(last, t_i + dt_rest, t_step),
+                                           y_i), lambda: frozen)
+            return prob.dynamics_with(t_i, y_i, frozen_i), frozen_i
+
+        dyn, frozen = jax.lax.cond(
+            ~last | any_end, evaluate_here,
+            lambda: (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
+                                  dynamics_shape), frozen))
+        lam = _held(problem, t_i, y_i, active, dyn.multipliers)
+        k = jax.tree.map(lambda f: h * f, dyn.rate)
+        vdot = jax.lax.cond(
+            last & any_end, lambda: rates(prob.formulation, prob.context, t_i, y_i,
+                                          dyn)[1], lambda: jnp.zeros_like(v))
+        # (The fifth evaluation is no stage: k_last stays the fourth stage's.)
+        keep = jax.tree.map(lambda a, b: jnp.where(last, a, b), k_prev, k)
+        total = jax.tree.map(lambda a, b: jnp.where(last, a, b), total,
+                             _axpy(total, weights[i], k))
+        return (keep, total,
+                jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), k, k_first), frozen,
+                jnp.where(i == 0, lam, lam_start),
+                jax.tree.map(lambda a, b: jnp.where(last, a, b), y_i, y_end),
+                jnp.where(last, lam, lam_end), jnp.where(last, vdot, vdot_end))
+
+    zero = jax.tree.map(jnp.zeros_like, y)
+    inf = jnp.full(active.shape, jnp.inf, dtype)
+    k_last, _, k_first, _, lam_start, y_end, lam_end, vdot_end = jax.lax.fori_loop(
+        0, 5, body, (zero, zero, zero, frozen, inf, y, inf, jnp.zeros_like(v)))
+    lam_end = jnp.where(evaluate, lam_end, jnp.inf)
+    return y_end, lam_start, (k_first, k_last), lam_end, vdot_end
 
 
 def _event_at(problem: Problem, t_try, y_try, vdot, active, releasing, released, e0,
@@ -502,9 +542,11 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # step of size zero, which a formulation's per-step data may divide by.
         moved = t_try > c.t
         t_step = jnp.where(moved, t_try, tb)
-        y_try, lam_start, (k_first, k_last) = _sub_step(
-            problem, c.t, t_step, c.y, c.active, c.e0, moved, projection,
-            multipliers=True, dense=True)
+        # (The dynamics at the trial's end: for the held rows' multipliers, and
+        # while locating, for the event that may be taken there.)
+        y_try, lam_start, (k_first, k_last), lam_try, vdot_try = _searched_sub_step(
+            problem, c.t, t_step, t_try, c.y, c.active, c.e0, moved, projection,
+            dt_rest=dt_rest, evaluate=jnp.any(c.active) | c.locating)
         # After an event, a held row that pulls at the sub-step's start is released
         # there: this iteration is then that restart, and the sub-step is taken
         # again, from the state restarted with the rows left.
@@ -519,11 +561,11 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # The held rows' multipliers at the end: a sign change is a release inside
         # the step. (At the sub-step's start they push: rows that would pull were
         # released.)
-        # (The dynamics at the trial's end: for the held rows' multipliers, and
-        # while locating, for the event that may be taken there.)
-        m_start, m_gap, lam_try, m_try, crossed, t_hi, m_hi_try, vdot_try = _monitor(
-            problem, c.t, c.y, t_try, y_try, active, c.e0, dt_rest=dt_rest,
-            evaluate=go & (jnp.any(active) | c.locating),
+        # (Where the iteration is a restart, the rest is not read: it is taken
+        # again.)
+        lam_try = jnp.where(go, lam_try, jnp.inf)
+        m_start, m_gap, m_try, crossed, t_hi, m_hi_try = _monitor(
+            problem, c.t, c.y, t_try, y_try, active, lam_try,
             dense=(k_first, k_last, moved))
         # A row below zero inside the sub-step only (its interpolant): the
         # crossing is bracketed by that point, and the end's values do not count.
@@ -756,15 +798,15 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     and the `StepTape`. The plain step first, with the monitor at its end: the
     loop of sub-steps runs only where some trajectory of the batch has an event
     (a `while_loop` costs more than its one iteration in a small model's step)."""
-    y1, _, (k_first, k_last) = _sub_step(problem, ta, tb, y, active, e0,
-                                         jnp.asarray(True), projection, dense=True)
-    _, _, lam1, _, has_event, _, _, vdot1 = _monitor(
-        problem, ta, y, tb, y1, active, e0, dt_rest=dt_rest,
-        evaluate=jnp.any(active), dense=(k_first, k_last, jnp.asarray(True)))
+    true = jnp.asarray(True)
+    y1, _, (k_first, k_last), lam1, vdot1 = _searched_sub_step(
+        problem, ta, tb, tb, y, active, e0, true, projection, dt_rest=dt_rest,
+        evaluate=jnp.any(active))
+    _, _, _, has_event, _, _ = _monitor(problem, ta, y, tb, y1, active, lam1,
+                                        dense=(k_first, k_last, true))
 
     def plain():
         init = _initial(problem, ta, y, active, e0)
-        true = jnp.asarray(True)
         op = _Op(true, jnp.asarray(False), active, tb, tb, true, true,
                  jnp.asarray(False), jnp.asarray(False), Decision.none(active), vdot1)
         tape = jax.tree.map(lambda buf, x: buf.at[0].set(x), init.tape, op)
