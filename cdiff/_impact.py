@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from ._kinematics import Kinematics, Terms, unilateral_jacobian
+from ._kinematics import ImpactTerms, Kinematics, Terms, unilateral_jacobian
 from ._linalg import PseudoInverse, matvec
 from ._mass import checked_mass
 from ._model import AbstractModel
@@ -112,13 +112,16 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     return out
 
 
-def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True):
+def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True,
+               terms: ImpactTerms | None = None):
     """[`cdiff.impact`][] as a function of the restitution: the mass matrix, the
     constraints' Jacobians and the admissible velocity evaluated once, for
-    several restitutions at the same state (the rest rule of an event)."""
+    several restitutions at the same state (the rest rule of an event).
+    `terms`: the model's terms at `(t, q, v)`, where the caller has them."""
     q = jnp.asarray(q)
     v = jnp.asarray(v, q.dtype)
-    terms = model.terms(t, q, v)  # (one evaluation for M and A_v)
+    if terms is None:
+        terms = model.terms(t, q, v)  # (one evaluation for M and A_v)
     mf = checked_mass(model, t, q, terms, throw=throw)[1]
     r_v, A_v = terms.velocity_constraints
     k = A_v.shape[0]

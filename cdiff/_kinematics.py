@@ -30,7 +30,7 @@ Notation follows Braun & Goldfarb (2012), eqs. 4-5 and 19.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 import equinox as eqx
 import jax
@@ -208,6 +208,14 @@ def _energy_law(model: AbstractModel, t, q, v, qdot=None) -> EnergyLaw:
 
 
 # -- the terms at one state -----------------------------------------------------------
+
+
+class ImpactTerms(NamedTuple):
+    """What an impact reads of the model's terms at its state: the mass matrix
+    and the velocity constraints `(r_v, A_v)` (see [`cdiff.Terms`][])."""
+
+    mass_matrix: Float[Array, "nv nv"]
+    velocity_constraints: tuple
 
 
 class Terms:

@@ -7,7 +7,7 @@ import equinox as eqx
 import jax.numpy as jnp
 from jaxtyping import Array
 
-from ._kinematics import Terms
+from ._kinematics import ImpactTerms, Terms
 from ._linalg import UNROLL, MassFactor
 from ._model import AbstractModel
 from ._results import error_if
@@ -32,7 +32,8 @@ def is_symmetric(M) -> Array:
     return jnp.all(jnp.abs(M - M.T) <= tol)
 
 
-def checked_mass(model: AbstractModel, t, q, terms: Terms | None = None, *,
+def checked_mass(model: AbstractModel, t, q,
+                 terms: Terms | ImpactTerms | None = None, *,
                  throw: bool = True) -> tuple[Array, MassFactor]:
     """The mass matrix and its Cholesky factor, both carrying a run-time check that
     the matrix is symmetric positive definite (`eqx.error_if`: the check runs

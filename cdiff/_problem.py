@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ._formulation.base import AbstractFormulation, Context
-from ._kinematics import Terms
+from ._kinematics import ImpactTerms, Terms
 from ._results import error_if
 from ._solution import Solution, Trajectory, build_solution
 from ._reschedule import compute_once
@@ -127,6 +127,15 @@ class Problem(eqx.Module):
         return self._fast(self.formulation.dynamics_and_freeze)(
             t, y, self.context, frozen, dt, first)
 
+    def dynamics_and_terms(self, t, y, frozen, dt, first):
+        """As `dynamics_and_freeze`, with what an impact at `(t, y)` reads of the
+        model's terms (`ImpactTerms`, of the model inside the held rows'
+        `WithUnilateral`), from the one evaluation of the terms that the
+        dynamics read: `(dyn, frozen, terms)`. For a formulation that
+        `freezes_from_terms`."""
+        return self._fast(_dynamics_and_terms)(self.formulation, t, y, self.context,
+                                               frozen, dt, first)
+
     def end_step(self, t, y) -> PyTree:
         """The formulation's map of the state at the end of a step."""
         return self.formulation.end_step(t, y, self.context)
@@ -147,6 +156,16 @@ class Problem(eqx.Module):
                               (self.q0, self.v0), dt=dt, dt_taken=dt_taken,
                               throw=throw, divergence=divergence,
                               controller_state=self.controlled)
+
+
+def _dynamics_and_terms(formulation: AbstractFormulation, t, y, context: Context,
+                        frozen, dt, first):
+    q, v = formulation.coordinates(t, y, context)
+    terms = context.model.terms(t, q, v)
+    dyn, frozen = formulation.dynamics_and_freeze(t, y, context, frozen, dt, first,
+                                                  terms=terms)
+    base = getattr(terms, "base", terms)  # (the held rows' terms wrap the model's)
+    return dyn, frozen, ImpactTerms(base.mass_matrix, base.velocity_constraints)
 
 
 def frozen_placeholder(problem: Problem, dt) -> Any:

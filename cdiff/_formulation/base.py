@@ -146,12 +146,15 @@ class AbstractFormulation(eqx.Module):
         return self.vector_field(t, y, context, frozen), frozen
 
     def dynamics_and_freeze(self, t, y, context: Context, frozen: PyTree, dt,
-                            first) -> tuple[Dynamics, PyTree]:
+                            first, terms: Terms | None = None
+                            ) -> tuple[Dynamics, PyTree]:
         """As `vector_field_and_freeze`, the whole [`cdiff.Dynamics`][] (an event
         solver reads the multipliers of the held rows at a step's first stage, or
         at a state it checks). A formulation that sets `freezes_from_terms`
-        computes both from one evaluation of the model's terms. Default: both,
-        computed on their own."""
+        computes both from one evaluation of the model's terms, `terms` where the
+        caller has them (`context.model.terms(t, q, v)`, which an impact there
+        reads too). Default: both, computed on their own."""
+        del terms
         frozen = first_stage_freeze(first, self.freeze(t, t + dt, y, context), frozen)
         return self.dynamics(t, y, context, frozen), frozen
 

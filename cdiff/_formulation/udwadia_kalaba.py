@@ -137,9 +137,10 @@ class UdwadiaKalaba(AbstractFormulation):
         return dyn.rate, frozen
 
     def dynamics_and_freeze(self, t, y, context: Context, frozen: _Deltas | None,
-                            dt, first) -> tuple[Dynamics, _Deltas]:
+                            dt, first, terms=None) -> tuple[Dynamics, _Deltas]:
         q, v = y
-        terms = context.model.terms(t, q, v)
+        if terms is None:
+            terms = context.model.terms(t, q, v)
         frozen = first_stage_freeze(first, self._deltas(dt, context, terms), frozen)
         return self.dynamics(t, y, context, frozen, terms), frozen
 

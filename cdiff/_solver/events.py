@@ -49,6 +49,7 @@ and a gradient holds it once.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 import equinox as eqx
@@ -59,6 +60,7 @@ import numpy as np
 from jaxtyping import Array, Bool, Float
 
 from .._impact import impact_law, restitution_outside, unilateral_rate
+from .._kinematics import ImpactTerms
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, rates, stack_saved
@@ -215,7 +217,8 @@ class Decision(NamedTuple):
 
 
 def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, *,
-               record, dt_rest, decision: Decision | None = None, vdot=None):
+               record, dt_rest, decision: Decision | None = None, vdot=None,
+               terms: ImpactTerms | None = None):
     """An event at the state `(t, q, v)` (on a row, or where a held row's
     multiplier reached zero), taken: the impact on the inactive rows at contact,
     made plastic by the rest rule where a bounce is too slow to leave for
@@ -231,7 +234,8 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     rest rule), the same values, and the same derivatives (the choices carry
     none). `vdot`: the acceleration at `(t, q, v)` with the rows `active` held,
     where the caller has it (the monitor's), else evaluated here for the
-    decision."""
+    decision; `terms`: the impact's mass matrix and constraints at `(t, q)`,
+    where the caller evaluated them (`_stages`)."""
     model = problem.context.model.model
     throw = problem.context.throw
     dtype = q.dtype
@@ -242,14 +246,15 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q)))
         hit = ~active & (model.unilateral(t, q) <= eps ** 0.75 * scale)
         # (A held row joins the impact where the others' impulses drive it in.)
-        law = impact_law(model, t, q, v, hit | (active & ~released), throw=throw)
+        law = impact_law(model, t, q, v, hit | (active & ~released), throw=throw,
+                         terms=terms)
         if vdot is None:
-            vdot = held_dynamics(problem, t, _with(problem, active, e0).restart(t, q, v),
-                                 active, e0, dt_rest=dt_rest)[1]
+            y = _with(problem, active, e0).restart(t, q, v)
+            vdot = held_dynamics(problem, t, y, active, e0, dt_rest=dt_rest)[1]
         decision = _decide(problem, law, t, q, v, vdot, active, released, hit, e, e0,
                            dt_rest=dt_rest)
     else:
-        law = impact_law(model, t, q, v, throw=throw)
+        law = impact_law(model, t, q, v, throw=throw, terms=terms)
     out = law(jnp.where(decision.rest, 0.0, e), rows=decision.rows)
     # (The energy reference, for a formulation that holds the energy.)
     e_after = (model.energy(t, q, out.v) if problem.formulation.corrects_energy
@@ -361,7 +366,7 @@ _INSIDE = (0.25, 0.5, 0.75)
 def _monitor(problem: Problem, t0, y0, t1, y1, active, lam, *, dense=None):
     """The monitor over a sub-step from `(t0, y0)` to `(t1, y1)` with the rows
     `active` held, whose held rows' multipliers at its end are `lam` (inf where
-    not held; `_searched_sub_step`'s): `(m_start, m_gap, m_end, crossed, t_hi,
+    not held; `_stages`'): `(m_start, m_gap, m_end, crossed, t_hi,
     m_hi)`, the inactive rows' minimum at its start and end, the minimum of both
     at its end, whether it crossed zero downwards (an event inside the sub-step),
     and the end of the bracket that holds the first such crossing with the
@@ -409,118 +414,134 @@ def _sub_step(problem: Problem, t, t_step, y, active, e0, moved, projection):
     return jax.tree.map(lambda a, b: jnp.where(moved, a, b), y_try, y)
 
 
-# Classic RK4's nodes and weights, and a fifth evaluation at the sub-step's end.
+# Classic RK4's nodes and weights, and a fifth evaluation after the stages.
 _NODES = (0.0, 0.5, 0.5, 1.0, 0.0)
 _WEIGHTS = (1 / 6, 1 / 3, 1 / 3, 1 / 6, 0.0)
 
 
-def _searched_sub_step(problem: Problem, t, t_step, t_end, y, active, e0, moved,
-                       projection, *, dt_rest, evaluate):
-    """The search's sub-step (no derivatives): the RK4 sub-step of `_sub_step`,
-    and the dynamics at its start and at `(t_end, y_end)` (its end, or its start
-    where it has not `moved`) from the same loop: one copy of the dynamics in the
-    compiled program, evaluated at the four stages and, where some trajectory of
-    the batch has `evaluate`, a fifth time at the end. Returns `(y_end, lam_start,
-    (k_first, k_last), lam_end, vdot_end)`: the held rows' multipliers at the
-    start (read from the first stage, whose per-step data are the sub-step's) and
-    at the end (inf where not held, or not evaluated), the first and last stages'
-    increments (for the interpolant), and the acceleration at the end (with the
-    per-step data of a step of `dt_rest` from there, as `held_dynamics`)."""
+def _stages(problem: Problem, t, t_step, y, active, e0, moved, projection, *,
+            dt_rest, evaluate, end):
+    """An RK4 sub-step from `(t, y)` to `t_step` with the rows `active` held (and
+    `projection` after it; `y` where it has not `moved`), and a fifth evaluation
+    of the dynamics at the point `end(y_step) = (t_end, y_end)`, made where some
+    trajectory of the batch has `evaluate`: the four stages and the fifth in one
+    loop, so that the compiled program holds one copy of the dynamics. The
+    search evaluates at the sub-step's end (its monitor); `_replay`, at the
+    event's state (the impact's mass matrix and constraints).
+
+    Returns `(y_step, lam_start, (k_first, k_last), (t_end, y_end), lam_end,
+    vdot_end, terms_end)`: the held rows' multipliers at the start (read from
+    the first stage, whose per-step data are the sub-step's) and at the fifth
+    point (inf where not held or not evaluated), the first and last stages'
+    increments (for the interpolant), the acceleration at the fifth point (with
+    the per-step data of a step of `dt_rest` from there, as `held_dynamics`), and
+    the `ImpactTerms` there, read from the same evaluation of the model's terms
+    (`None` for a formulation that does not compute its dynamics from them: the
+    impact evaluates its own). Differentiable."""
     prob = _with(problem, active, e0)
-    own = problem.freezes_at_first_stage
+    shared = problem.freezes_at_first_stage
     h = t_step - t
     dtype = jnp.result_type(h)
     nodes, weights = jnp.array(_NODES, dtype), jnp.array(_WEIGHTS, dtype)
-    q, v = prob.coordinates(t, y)
-    # (The per-step data are set at the first evaluation and again at the end.)
+    v = prob.coordinates(t, y)[1]
+    # (The per-step data are set at the first evaluation and again at the fifth.)
     frozen = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
                           jax.eval_shape(prob.freeze, t, t_step, y))
-    dynamics_shape = jax.eval_shape(prob.dynamics_with, t, y, frozen)
+    t_end0, _ = jax.eval_shape(end, y)
     any_end = eqxi.unvmap_any(evaluate)
+
+    def evaluated(t_i, y_i, frozen, h_i, first, t_to):
+        if shared:
+            return prob.dynamics_and_terms(t_i, y_i, frozen, h_i, first)
+        # (The per-step data of a step from `t_i` to `t_to`, where `first`.)
+        frozen_i = jax.lax.cond(first, lambda: prob.freeze(t_i, t_to, y_i),
+                                lambda: frozen)
+        return prob.dynamics_with(t_i, y_i, frozen_i), frozen_i, None
+
+    shapes = jax.eval_shape(evaluated, t, y, frozen, h, jnp.asarray(True), t_step)
 
     def end_state(total):
         y1 = prob.end_step(t_step, jax.tree.map(jnp.add, y, total))
         if projection is not None:
             y1 = prob.formulation.project(t_step, y1, prob.context, projection)
-        return jax.tree.map(lambda a, b: jnp.where(moved, a, b), y1, y)
+        y1 = jax.tree.map(lambda a, b: jnp.where(moved, a, b), y1, y)
+        return y1, *end(y1)
 
+    def select(which, a, b):
+        return jax.tree.map(lambda a, b: jnp.where(which, a, b), a, b)
+
+    @functools.partial(jax.checkpoint, prevent_cse=False)
     def body(i, carry):
-        k_prev, total, k_first, frozen, lam_start, y_end, lam_end, vdot_end = carry
+        k_prev, total, k_first, frozen, lam_start, out = carry
         last = i == 4
-        y_i = jax.lax.cond(last, end_state, lambda total: _axpy(y, nodes[i], k_prev),
-                           total)
-        t_i = jnp.where(last, t_end, t + nodes[i] * h)
+        y_step, t_i, y_i = jax.lax.cond(
+            last, end_state,
+            lambda total: (y, t + nodes[i] * h, _axpy(y, nodes[i], k_prev)), total)
         first = (i == 0) | last
-
-        def evaluate_here():
-            if own:
-                return prob.dynamics_and_freeze(
-                    t_i, y_i, frozen, jnp.where(last, dt_rest, h), first)
-            frozen_i = jax.lax.cond(
-                first, lambda: prob.freeze(t_i, jnp.where(last, t_i + dt_rest, t_step),
-                                           y_i), lambda: frozen)
-            return prob.dynamics_with(t_i, y_i, frozen_i), frozen_i
-
-        dyn, frozen = jax.lax.cond(
-            ~last | any_end, evaluate_here,
-            lambda: (jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype),
-                                  dynamics_shape), frozen))
+        h_i = jnp.where(last, dt_rest, h)
+        dyn, frozen, terms = jax.lax.cond(
+            ~last | any_end,
+            lambda: evaluated(t_i, y_i, frozen, h_i, first,
+                              jnp.where(last, t_i + dt_rest, t_step)),
+            lambda: jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes))
         lam = _held(problem, t_i, y_i, active, dyn.multipliers)
         k = jax.tree.map(lambda f: h * f, dyn.rate)
         vdot = jax.lax.cond(
-            last & any_end, lambda: rates(prob.formulation, prob.context, t_i, y_i,
-                                          dyn)[1], lambda: jnp.zeros_like(v))
+            last & any_end,
+            lambda: rates(prob.formulation, prob.context, t_i, y_i, dyn)[1],
+            lambda: jnp.zeros_like(v))
         # (The fifth evaluation is no stage: k_last stays the fourth stage's.)
-        keep = jax.tree.map(lambda a, b: jnp.where(last, a, b), k_prev, k)
-        total = jax.tree.map(lambda a, b: jnp.where(last, a, b), total,
-                             _axpy(total, weights[i], k))
-        return (keep, total,
-                jax.tree.map(lambda a, b: jnp.where(i == 0, a, b), k, k_first), frozen,
-                jnp.where(i == 0, lam, lam_start),
-                jax.tree.map(lambda a, b: jnp.where(last, a, b), y_i, y_end),
-                jnp.where(last, lam, lam_end), jnp.where(last, vdot, vdot_end))
+        return (select(last, k_prev, k),
+                select(last, total, _axpy(total, weights[i], k)),
+                select(i == 0, k, k_first), frozen, jnp.where(i == 0, lam, lam_start),
+                select(last, (y_step, t_i, y_i, lam, vdot, terms), out))
 
     zero = jax.tree.map(jnp.zeros_like, y)
     inf = jnp.full(active.shape, jnp.inf, dtype)
-    k_last, _, k_first, _, lam_start, y_end, lam_end, vdot_end = jax.lax.fori_loop(
-        0, 5, body, (zero, zero, zero, frozen, inf, y, inf, jnp.zeros_like(v)))
+    out = (y, jnp.zeros(t_end0.shape, t_end0.dtype), y, inf, jnp.zeros_like(v),
+           jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes[2]))
+    k_last, _, k_first, _, lam_start, out = jax.lax.fori_loop(
+        0, 5, body, (zero, zero, zero, frozen, inf, out))
+    y_step, t_end, y_end, lam_end, vdot_end, terms_end = out
     lam_end = jnp.where(evaluate, lam_end, jnp.inf)
-    return y_end, lam_start, (k_first, k_last), lam_end, vdot_end
+    return (y_step, lam_start, (k_first, k_last), (t_end, y_end), lam_end, vdot_end,
+            terms_end)
 
 
-def _event_at(problem: Problem, t_try, y_try, vdot, active, releasing, released, e0,
-              events: Events, *, record, dt_rest, decision: Decision | None = None):
-    """The event located at the trial `(t_try, y_try)`, whose acceleration `vdot`
-    the monitor evaluated there: the state corrected to first order to the
-    monitor's root (none at a release), then `take_event` (with the `decision` of
-    the search that found it, in `_replay`). Returns `(t_e, y, held, e0, events,
-    decision)`. The correction is zero in value and carries the event time's
-    derivative: in the search (no `decision`) it is left out."""
+def _corrected(problem: Problem, t_try, y_try, vdot, active, releasing, e0):
+    """`(t_e, y_e)`: the event located at the trial `(t_try, y_try)` (acceleration
+    `vdot`, the monitor's), corrected to first order to the monitor's root (none
+    at a release). The correction is zero in value and carries the event time's
+    derivative (the implicit function theorem's): `_replay` applies it, the search
+    has no derivatives and leaves it out."""
     model = problem.context.model.model
     prob = _with(problem, active, e0)
     q_try, v_try = prob.coordinates(t_try, y_try)
     m_gap, g_try = _gap(model, t_try, q_try, active)
-    # First-order correction to the root (the implicit derivative).
     i = jnp.argmin(jnp.where(active, jnp.inf, g_try))
     _, gdot, _ = unilateral_rate(model, t_try, q_try, v_try)
     mdot = jnp.where(gdot[i] < 0, gdot[i], -1.0)
     # (None at a release: the constraint force is zero there, so the motion is
     # smooth across it.)
-    delta = jnp.where(releasing, 0.0, -(m_gap - jax.lax.stop_gradient(m_gap)) / mdot)
-    # (delta is zero in value: the rates at the trial matter only for the
-    # derivative.)
-    q_e, v_e, t_e = q_try, v_try, t_try
-    if decision is not None:
-        # (With delta zero, d(delta * rate) = rate d(delta): the rates' own
-        # derivatives would be multiplied by zero, and are left out.)
-        qdot, vdot_e = jax.lax.stop_gradient(
-            (model.position_rate(t_try, q_try, v_try), vdot))
-        q_e = q_try + delta * qdot
-        v_e = v_try + delta * vdot_e
-        t_e = t_try + delta
+    delta = jnp.where(releasing | ~jnp.isfinite(m_gap), 0.0,
+                      -(m_gap - jax.lax.stop_gradient(m_gap)) / mdot)
+    # (With delta zero, d(delta * rate) = rate d(delta): the rates' own
+    # derivatives would be multiplied by zero, and are left out.)
+    qdot, vdot = jax.lax.stop_gradient((model.position_rate(t_try, q_try, v_try), vdot))
+    t_e = t_try + delta
+    return t_e, prob.restart(t_e, q_try + delta * qdot, v_try + delta * vdot)
+
+
+def _event_at(problem: Problem, t_e, y_e, vdot, terms, active, released, e0,
+              events: Events, *, record, dt_rest, decision: Decision | None = None):
+    """The event at `(t_e, y_e)` (a located trial, or `_corrected`'s state in
+    `_replay`) taken by `take_event`, with the acceleration `vdot` and the
+    `terms` that `_stages` evaluated there (and the `decision` of the search that
+    found it, in `_replay`): `(t_e, y, held, e0, events, decision)`."""
+    q_e, v_e = _with(problem, active, e0).coordinates(t_e, y_e)
     return (t_e, *take_event(problem, t_e, q_e, v_e, active, released, e0, events,
                              record=record, dt_rest=dt_rest, decision=decision,
-                             vdot=vdot))
+                             vdot=vdot, terms=terms))
 
 
 def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
@@ -544,9 +565,10 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         t_step = jnp.where(moved, t_try, tb)
         # (The dynamics at the trial's end: for the held rows' multipliers, and
         # while locating, for the event that may be taken there.)
-        y_try, lam_start, (k_first, k_last), lam_try, vdot_try = _searched_sub_step(
-            problem, c.t, t_step, t_try, c.y, c.active, c.e0, moved, projection,
-            dt_rest=dt_rest, evaluate=jnp.any(c.active) | c.locating)
+        y_try, lam_start, (k_first, k_last), _, lam_try, vdot_try, terms_try = _stages(
+            problem, c.t, t_step, c.y, c.active, c.e0, moved, projection,
+            dt_rest=dt_rest, evaluate=jnp.any(c.active) | c.locating,
+            end=lambda y_try: (t_try, y_try))
         # After an event, a held row that pulls at the sub-step's start is released
         # there: this iteration is then that restart, and the sub-step is taken
         # again, from the state restarted with the rows left.
@@ -598,7 +620,7 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         # Computed only where some trajectory of the batch has an event.
         t_e, y_e, held, e_after, events, decided = jax.lax.cond(
             eqxi.unvmap_any(event),
-            lambda: _event_at(problem, t_try, y_try, vdot_try, active, releasing,
+            lambda: _event_at(problem, t_try, y_try, vdot_try, terms_try, active,
                               released, c.e0, c.events, record=event,
                               dt_rest=dt_rest),
             lambda: (t_try, y_try, active, c.e0, c.events, Decision.none(active)))
@@ -678,7 +700,9 @@ def _initial(problem: Problem, ta, y, active, e0) -> _Carry:
 def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
     """The change `op` recorded by `_locate`, applied to `(t, y, e0, events)` by
     the same functions: differentiable (the trial times carry no derivative; an
-    event's time carries the implicit function theorem's through `_event_at`)."""
+    event's time carries the implicit function theorem's through `_corrected`).
+    The impact reads the mass matrix and constraints at the event from the
+    sub-step's fifth evaluation (`_stages`)."""
 
     def apply(carry):
         t, y, e0, events = carry
@@ -688,12 +712,22 @@ def _replay(problem: Problem, dt_rest, projection, carry, op: _Op):
             lambda: jax.tree.map(lambda a, b: jnp.where(op.restart, a, b),
                                  prob.restart(t, *prob.coordinates(t, y)), y),
             lambda: y)
-        y_try = _sub_step(problem, t, op.t_step, y, op.active, e0, op.moved, projection)
+
+        def end(y_try):
+            # (The event's state, where the sub-step ends in one.)
+            corrected = _corrected(problem, op.t_try, y_try, op.vdot, op.active,
+                                   op.releasing, e0)
+            return jax.tree.map(lambda a, b: jnp.where(op.event, a, b), corrected,
+                                (op.t_try, y_try))
+
+        y_try, _, _, (t_e, y_e), _, _, terms = _stages(
+            problem, t, op.t_step, y, op.active, e0, op.moved, projection,
+            dt_rest=dt_rest, evaluate=op.event, end=end)
         t_e, y_e, _, e_after, events, _ = jax.lax.cond(
             eqxi.unvmap_any(op.event),
-            lambda: _event_at(problem, op.t_try, y_try, op.vdot, op.active,
-                              op.releasing, None, e0, events, record=op.event,
-                              dt_rest=dt_rest, decision=op.decided),
+            lambda: _event_at(problem, t_e, y_e, op.vdot, terms, op.active, None, e0,
+                              events, record=op.event, dt_rest=dt_rest,
+                              decision=op.decided),
             lambda: (op.t_try, y_try, op.active, e0, events, op.decided))
         t_new = jnp.where(op.event, t_e, jnp.where(op.free, op.t_try, t))
         y_new = jax.tree.map(
@@ -799,9 +833,9 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     loop of sub-steps runs only where some trajectory of the batch has an event
     (a `while_loop` costs more than its one iteration in a small model's step)."""
     true = jnp.asarray(True)
-    y1, _, (k_first, k_last), lam1, vdot1 = _searched_sub_step(
-        problem, ta, tb, tb, y, active, e0, true, projection, dt_rest=dt_rest,
-        evaluate=jnp.any(active))
+    y1, _, (k_first, k_last), _, lam1, vdot1, _ = _stages(
+        problem, ta, tb, y, active, e0, true, projection, dt_rest=dt_rest,
+        evaluate=jnp.any(active), end=lambda y1: (tb, y1))
     _, _, _, has_event, _, _ = _monitor(problem, ta, y, tb, y1, active, lam1,
                                         dense=(k_first, k_last, true))
 
