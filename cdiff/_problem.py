@@ -103,7 +103,8 @@ class Problem(eqx.Module):
         if not self.formulation.freezes_from_terms:
             return False
         terms = self.context.model.terms(self.t0, self.q0, self.v0)
-        return type(terms) is not Terms
+        # (The held rows' terms wrap the model's own: theirs decide.)
+        return type(getattr(terms, "base", terms)) is not Terms
 
     def rate_and_freeze(self, t, y, frozen, dt, first) -> tuple[PyTree, PyTree]:
         """The vector field at a stage and the per-step data it used: those of a
