@@ -160,7 +160,8 @@ def _held(problem: Problem, t, y, active, multipliers):
 
 def held_multipliers(problem: Problem, t, y, active, e0, *, dt_rest):
     """The held rows' multipliers at `(t, y)` (inf where not held)."""
-    return held_dynamics(problem, t, y, active, e0, dt_rest=dt_rest)[0]
+    prob = _with(problem, active, e0)
+    return _held(problem, t, y, active, prob.dynamics(t, y, dt_rest).multipliers)
 
 
 def held_dynamics(problem: Problem, t, y, active, e0, *, dt_rest):
@@ -369,12 +370,11 @@ _INSIDE = (0.25, 0.5, 0.75)
 def _monitor(problem: Problem, t0, y0, t1, y1, active, lam, *, dense=None):
     """The monitor over a sub-step from `(t0, y0)` to `(t1, y1)` with the rows
     `active` held, whose held rows' multipliers at its end are `lam` (inf where
-    not held; `_stages`'): `(m_start, m_gap, m_end, crossed, t_hi,
-    m_hi)`, the inactive rows' minimum at its start and end, the minimum of both
-    at its end, whether it crossed zero downwards (an event inside the sub-step),
-    and the end of the bracket that holds the first such crossing with the
-    monitor there. With `dense =
-    (k_first, k_last, moved)`, the sub-step's first and last RK4 stages, the
+    not held; `_stages`'): `(m_start, m_gap, m_end, crossed, t_hi, m_hi)`, the
+    inactive rows' minimum at its start and end, the minimum of both at its end,
+    whether it crossed zero downwards (an event inside the sub-step), and the end
+    of the bracket that holds the first such crossing with the monitor there.
+    With `dense = (k_first, k_last, moved)`, the sub-step's first and last RK4 stages, the
     inactive rows are also checked at `_INSIDE` on the coordinates' interpolant
     (diffrax's dense output of RK4): a dip below zero there, with both ends above
     it, is a crossing too, bracketed by the first point below."""
@@ -519,22 +519,21 @@ def _stages_apart(problem: Problem, t, t_step, y, active, e0, moved, projection,
     not None): the four stages by `rk4_step`, the held rows' multipliers read at
     the first, and no `ImpactTerms`."""
     prob = _with(problem, active, e0)
-    frozen = prob.freeze(t, t_step, y)
     inf = jnp.full(active.shape, jnp.inf, jnp.result_type(t_step - t))
-
-    def stage(t_i, y_i, lam, h, first):
-        dyn = prob.dynamics_with(t_i, y_i, frozen)
-        return dyn.rate, jnp.where(first, _held(problem, t_i, y_i, active,
-                                                dyn.multipliers), lam)
-
     if start:
+        frozen = prob.freeze(t, t_step, y)
+
+        def stage(t_i, y_i, lam, h, first):
+            dyn = prob.dynamics_with(t_i, y_i, frozen)
+            return dyn.rate, jnp.where(first, _held(problem, t_i, y_i, active,
+                                                    dyn.multipliers), lam)
+
         y1, k_first, k_last, lam_start = rk4_step(
             None, prob.freeze, prob.end_step, t, t_step, y, rate_and_freeze=stage,
             carried=inf, keep_first=True)
     else:
-        y1, k_first, k_last = rk4_step(
-            lambda t_i, y_i, _: prob.rate(t_i, y_i, frozen), prob.freeze,
-            prob.end_step, t, t_step, y, keep_first=True)
+        y1, k_first, k_last = rk4_step(prob.rate, prob.freeze, prob.end_step, t,
+                                       t_step, y, keep_first=True)
         lam_start = inf
     if projection is not None:
         y1 = prob.formulation.project(t_step, y1, prob.context, projection)
