@@ -59,6 +59,7 @@ from .._formulation.dae import AbstractDAEFormulation
 from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
+from .locate import root_along
 
 
 class BDF(eqx.Module):
@@ -162,31 +163,6 @@ def _dense(D, h, order, t_new, tau, K):
 
 _SAMPLES = 8
 _GOLDEN = 30
-_ILLINOIS = 48
-
-
-def _root_along(f, t_a, t_b, f_a, f_b):
-    """The root of a scalar function on `[t_a, t_b]` with `f_a > 0 >= f_b`, by
-    Illinois' regula falsi (a fixed number of iterations, to round-off)."""
-    eps = jnp.finfo(t_a.dtype).eps
-
-    def trial(_, c):
-        lo, hi, f_lo, f_hi, side = c
-        width = hi - lo
-        secant = (lo * f_hi - hi * f_lo) / jnp.where(f_hi < f_lo, f_hi - f_lo, -1.0)
-        t = jnp.clip(secant, lo, hi)
-        done = (width <= 4 * eps * jnp.maximum(jnp.abs(hi), 1.0)) | (f_hi == 0)
-        f_t = f(t)
-        positive = f_t > 0
-        new = (jnp.where(positive, t, lo), jnp.where(positive, hi, t),
-               jnp.where(positive, f_t, jnp.where(side == -1, f_lo / 2, f_lo)),
-               jnp.where(positive, jnp.where(side == 1, f_hi / 2, f_hi), f_t),
-               jnp.where(positive, 1, -1))
-        return jax.tree.map(lambda a, b: jnp.where(done, a, b), c, new)
-
-    _, hi, _, _, _ = jax.lax.fori_loop(0, _ILLINOIS, trial,
-                                       (t_a, t_b, f_a, f_b, jnp.asarray(0)))
-    return hi
 
 
 def _minimum_along(f, t_a, t_b):
@@ -244,7 +220,7 @@ def bdf_solve(
       interpolating polynomial; see `_minimum_along`).
     - `event(t, x)`: optional, positive at `t0`; the solve ends successfully where
       it first falls to zero, located on the interpolating polynomial of the step
-      (`_root_along`) and corrected to first order, so that the end time's
+      (`locate.root_along`) and corrected to first order, so that the end time's
       derivative is the implicit function theorem's (`stats["event"]`: whether it
       ended there; the state there is the last saved step's, and `x_stop`).
 
@@ -432,7 +408,7 @@ def bdf_solve(
                 def along(tau):
                     return event(tau, _dense(D_f, h_f, new_order, t_new, tau, K))
 
-                root = jax.lax.stop_gradient(_root_along(along, t, t_new, along(t),
+                root = jax.lax.stop_gradient(root_along(along, t, t_new, along(t),
                                                          f_new))
                 # (The root's value corrected to first order: zero in value, the
                 # implicit function theorem's derivative.)

@@ -46,8 +46,9 @@ from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
 from .bdf import BDF, bdf_solve
 from .events import (MAX_EVENTS, Decision, Events, _with, held_multipliers,
-                     release, start_result, take_event)
+                     release, released_rows, start_result, take_event)
 from .frozen import diffrax_problem, stepsize_tolerances
+from .locate import Bracket, narrow, trial
 from .projected import Projected
 from .rk4 import _show_progress
 
@@ -58,21 +59,17 @@ _STEPS = ("num_steps", "num_accepted_steps", "num_rejected_steps")
 
 
 class _IllinoisState(eqx.Module):
-    lower: Float[Array, ""]
-    upper: Float[Array, ""]
-    f_lower: Float[Array, ""]
-    f_upper: Float[Array, ""]
-    side: Array
+    bracket: Bracket
     error: Float[Array, ""]
     step: Array
 
 
 class Illinois(optx.AbstractRootFinder):
-    """Illinois' regula falsi on a bracket `[lower, upper]` (optimistix `options`)
-    of a scalar function positive at `lower` and not positive at `upper`, as
-    diffrax's events pass it: a secant step within the bracket, whose far end's
-    value is halved when one end is kept twice. Ends where `|f| <= atol` or the
-    bracket is narrower than `rtol` times its end."""
+    """Illinois' regula falsi (the one locator, `locate`) as an optimistix root
+    finder, on a bracket `[lower, upper]` (optimistix `options`) of a scalar
+    function positive at `lower` and not positive at `upper`, as diffrax's events
+    pass it. Ends where `|f| <= atol` or the bracket is narrower than `rtol`
+    times its end."""
 
     rtol: float
     atol: float
@@ -83,35 +80,23 @@ class Illinois(optx.AbstractRootFinder):
         lower = jnp.asarray(options["lower"], f_struct.dtype)
         upper = jnp.asarray(options["upper"], f_struct.dtype)
         f_lower, _ = fn(lower, args)
-        return _IllinoisState(lower, upper, f_lower, jnp.zeros_like(f_lower),
-                              jnp.asarray(0), jnp.asarray(jnp.inf, f_struct.dtype),
-                              jnp.asarray(0))
+        return _IllinoisState(
+            Bracket(lower, upper, f_lower, jnp.zeros_like(f_lower), jnp.asarray(0)),
+            jnp.asarray(jnp.inf, f_struct.dtype), jnp.asarray(0))
 
     def step(self, fn, y, args, options, state: _IllinoisState, tags):
         del options, tags
         # (The first trial is diffrax's `upper`, the end of the step.)
         f, aux = fn(y, args)
-        positive = f > 0
-        lower = jnp.where(positive, y, state.lower)
-        upper = jnp.where(positive, state.upper, y)
-        f_lower = jnp.where(positive, f, jnp.where(state.side == -1, state.f_lower / 2,
-                                                    state.f_lower))
-        f_upper = jnp.where(positive, jnp.where(state.side == 1, state.f_upper / 2,
-                                                state.f_upper), f)
-        side = jnp.where(positive, 1, -1)
-        denominator = f_upper - f_lower
-        secant = (lower * f_upper - upper * f_lower) / jnp.where(denominator < 0,
-                                                                 denominator, -1.0)
-        new_y = jnp.where(denominator < 0, jnp.clip(secant, lower, upper),
-                          0.5 * (lower + upper))
-        return new_y, _IllinoisState(lower, upper, f_lower, f_upper, side, f,
-                                     state.step + 1), aux
+        bracket = narrow(state.bracket, y, f, ~(f > 0))
+        return trial(bracket), _IllinoisState(bracket, f, state.step + 1), aux
 
     def terminate(self, fn, y, args, options, state: _IllinoisState, tags):
         del fn, y, args, options, tags
-        width = state.upper - state.lower
+        upper = state.bracket.hi
         done = (state.step > 0) & ((jnp.abs(state.error) <= self.atol)
-                                   | (width <= self.rtol * jnp.abs(state.upper)))
+                                   | (upper - state.bracket.lo
+                                      <= self.rtol * jnp.abs(upper)))
         return done, optx.RESULTS.successful
 
     def postprocess(self, fn, y, aux, args, options, state, tags, result):
@@ -376,11 +361,9 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
                                           throw=throw)
                 v_e = projection.velocity(prob.context.model, t_end, q_e, v_e,
                                           throw=throw)
-            low = jnp.minimum(jnp.min(gap, initial=jnp.inf),
-                              jnp.min(lam_e, initial=jnp.inf))
-            # A release: the held rows whose multiplier is the monitor's minimum.
-            releasing = jnp.min(lam_e, initial=jnp.inf) < jnp.min(gap, initial=jnp.inf)
-            released = releasing & active & (lam_e <= low + 16 * eps)
+            # (The monitor is located to a few round-offs: 16 eps in its units.)
+            released = released_rows(jnp.min(gap, initial=jnp.inf), lam_e, active,
+                                     16 * eps)
             return take_event(problem, t_end, q_e, v_e, active, released, c.e0,
                               c.events, record=hit, dt_rest=dt)
 

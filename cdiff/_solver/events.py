@@ -68,6 +68,7 @@ from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, rates, stack_saved
 from .adjoint import adjoint_loop, adjoint_scan
+from .locate import Bracket, narrow, trial
 from .rk4 import _axpy, _show_progress, rk4_step
 
 # Sub-steps (detection, location trials, sub-steps after events) within one step.
@@ -195,6 +196,18 @@ def release(problem: Problem, t, y, active, e0, lam):
     active = active & ~(lam < 0)
     prob = _with(problem, active, e0)
     return active, prob.restart(t, *prob.coordinates(t, y))
+
+
+def released_rows(m_gap, lam, active, tol):
+    """The rows an event releases, on every route: where a held row's multiplier
+    (`lam`, inf where not held) rather than an inactive row's gap (their minimum
+    `m_gap`) attains the monitor, the held rows whose multiplier is within `tol`
+    (the monitor's round-off, in its units) of zero, and at least the one that
+    attains it (located to its bracket's width, its multiplier may stay a
+    round-off above `tol`: kept held, it would be found crossing again at once)."""
+    lam_min = jnp.min(lam, initial=jnp.inf)
+    low = jnp.minimum(m_gap, lam_min)
+    return (lam_min < m_gap) & active & (lam <= jnp.maximum(tol, low))
 
 
 class Decision(NamedTuple):
@@ -598,9 +611,8 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
 
     def body(c: _Carry) -> _Carry:
         # Illinois' trial point in the bracket, or the end of the step.
-        denominator = jnp.where(c.locating, c.m_hi - c.m_lo, -1.0)
-        secant = (c.lo * c.m_hi - c.hi * c.m_lo) / denominator
-        t_try = jnp.where(c.locating, jnp.clip(secant, c.lo, c.hi), tb)
+        bracket = Bracket(c.lo, c.hi, c.m_lo, c.m_hi, c.side)
+        t_try = jnp.where(c.locating, trial(bracket), tb)
         # A trial at the sub-step's start (a row at contact there) is its state: no
         # step of size zero, which a formulation's per-step data may divide by.
         moved = t_try > c.t
@@ -653,11 +665,8 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         event = go & c.locating & (((jnp.abs(m_try) <= tol) & ~inside)
                                    | (width <= 4 * eps * jnp.abs(c.hi))
                                    | (c.trials >= _MAX_TRIALS))
-        # A release: the held rows whose multiplier reached zero, and at least the
-        # one that attains the monitor (where the bracket closed on its width or
-        # the trials ran out, with the multiplier a round-off above `tol`: kept
-        # held, the row would be found crossing again at once, forever).
-        released = releasing & active & (lam_try <= jnp.maximum(tol, m_try))
+        # A release (not where the bracket closes on a dip of a row's gap).
+        released = ~dipped & released_rows(m_gap, lam_try, active, tol)
 
         # Computed only where some trajectory of the batch has an event.
         t_e, y_e, held, e_after, events, decided = jax.lax.cond(
@@ -675,19 +684,17 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         active_new = jnp.where(event, held, active)
         # Bracket: opened on a crossing, narrowed while locating (a restart leaves
         # it as it is).
-        lo = jnp.where(start_locating, c.t, jnp.where(feasible, t_try, c.lo))
+        narrowed = narrow(bracket, t_try, m_try, ~feasible)
+        lo = jnp.where(start_locating, c.t, narrowed.lo)
         closer = start_locating | inside  # (where the monitor puts the bracket's end)
-        hi = jnp.where(closer, t_hi, jnp.where(feasible, c.hi, t_try))
+        hi = jnp.where(closer, t_hi, narrowed.hi)
         # (A release's multipliers at the sub-step's start are not at hand: 0 makes
         # the first trial the start, whose value then enters the bracket.)
         m_lo = jnp.where(start_locating, jnp.where(releasing, 0.0,
                                                    jnp.maximum(m_start, 0.0)),
-                         jnp.where(feasible, m_try,
-                                   jnp.where(c.side == -1, c.m_lo / 2, c.m_lo)))
-        m_hi = jnp.where(closer, m_hi_try,
-                         jnp.where(feasible, jnp.where(c.side == 1, c.m_hi / 2, c.m_hi),
-                                   m_try))
-        side = jnp.where(start_locating, 0, jnp.where(feasible, 1, -1))
+                         narrowed.m_lo)
+        m_hi = jnp.where(closer, m_hi_try, narrowed.m_hi)
+        side = jnp.where(start_locating, 0, narrowed.side)
         locating = jnp.where(start_locating, True, c.locating & ~event)
         narrowing = go & (c.locating | start_locating)
         lo, hi, m_lo, m_hi, side = (
@@ -874,7 +881,8 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     """`event_step`'s search: `(final, tape)`, the loop's carry at the step's end
     and the `StepTape`. The plain step first, with the monitor at its end: the
     loop of sub-steps runs only where some trajectory of the batch has an event
-    (a `while_loop` costs more than its one iteration in a small model's step)."""
+    (a `while_loop` costs more than its one iteration in a small model's step).
+"""
     true = jnp.asarray(True)
     y1, _, (k_first, k_last), _, lam1, vdot1, _ = _stages(
         problem, ta, tb, y, active, e0, true, projection, dt_rest=dt_rest,
@@ -895,9 +903,14 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
         lambda: _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
                         projection=projection),
         plain)
+    return final, _tape(final)
+
+
+def _tape(final: _Carry) -> StepTape:
+    """The `StepTape` of the search's loop carry at the step's end."""
     lam = jnp.where(final.done, final.lam, jnp.inf)
-    return final, StepTape(final.ops, final.tape, final.active, lam, final.done,
-                           final.infeasible)
+    return StepTape(final.ops, final.tape, final.active, lam, final.done,
+                    final.infeasible)
 
 
 def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
