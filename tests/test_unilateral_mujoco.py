@@ -227,3 +227,41 @@ def test_limit_margins_are_honoured_as_mujoco_holds_them():
     assert abs(d.qpos[0] + 0.2) < 1e-3
     q_rest = jnp.asarray(np.concatenate([[-0.2, 0.0, 1.0], np.zeros(3)]))
     assert abs(float(rows(model, q_rest)[0])) < 1e-15
+
+
+def _mjx_sites(jaxpr) -> int:
+    """How many calls of MJX's one jitted evaluation (`_mjx_stages`) a program
+    holds, through every nested loop, cond and custom rule."""
+    from jax.extend import core as jcore
+    n = 0
+    for eqn in jaxpr.eqns:
+        if "_mjx_stages" in str(eqn.params.get("name", "")):
+            n += 1
+            continue
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (list, tuple)) else [value]:
+                if isinstance(sub, jcore.ClosedJaxpr):
+                    n += _mjx_sites(sub.jaxpr)
+                elif isinstance(sub, jcore.Jaxpr):
+                    n += _mjx_sites(sub)
+    return n
+
+
+def test_an_event_program_holds_few_copies_of_the_dynamics():
+    """XLA's compile time of a loaded model is about proportional to the copies of
+    MJX's evaluation its program holds. With a joint range (rows that may be
+    reached), the search is the event loop alone, which evaluates the dynamics
+    once per iteration: the forward program holds 3 copies, as without the range
+    (the step's stages, the checks before it, the saved diagnostics), and the
+    gradient's 13 (8 without). A change that adds copies back fails here."""
+    model = cdiff.models.from_mujoco(XML.format(dt=1e-3, timeconst=0.02))
+
+    def final(mass):
+        sol = cdiff.simulate(model.tree_replace({"body_mass": mass}),
+                             cdiff.UdwadiaKalaba(), jnp.array([0.0, 0.3]), jnp.zeros(2),
+                             t1=0.02, dt=1e-3, saveat=cdiff.SaveAt(t1=True))
+        return jnp.sum(sol.q[-1] ** 2)
+
+    mass = model.mjx_model.body_mass
+    assert _mjx_sites(jax.make_jaxpr(final)(mass).jaxpr) <= 3
+    assert _mjx_sites(jax.make_jaxpr(jax.grad(final))(mass).jaxpr) <= 13

@@ -882,7 +882,16 @@ def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
     and the `StepTape`. The plain step first, with the monitor at its end: the
     loop of sub-steps runs only where some trajectory of the batch has an event
     (a `while_loop` costs more than its one iteration in a small model's step).
-"""
+
+    Where the model's terms are one evaluation of their own (a loaded MuJoCo
+    model), the search is the loop alone, whose first iteration is that plain
+    step and its monitor: the program then holds one copy of the dynamics for the
+    search instead of two (XLA's time for a large model is about proportional to
+    them), and the loop's bookkeeping is small beside the model's evaluation."""
+    if problem.freezes_at_first_stage:
+        final = _locate(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
+                        projection=projection)
+        return final, _tape(final)
     true = jnp.asarray(True)
     y1, _, (k_first, k_last), _, lam1, vdot1, _ = _stages(
         problem, ta, tb, y, active, e0, true, projection, dt_rest=dt_rest,
