@@ -168,7 +168,16 @@ def _loop_fwd(perturbed, operands):
         inputs = jax.tree.map(lambda buf, x: buf.at[i].set(x), inputs, c)
         return step(c, _index(xs, i)), inputs
 
-    return jax.lax.fori_loop(0, count, body, (init, inputs))
+    # The loop keeps the inputs of the `count` steps; the last step's output is
+    # taken after it, so that a caller that reads only the VJP (the discrete
+    # adjoint's backward pass, `adjoint_scan(..., apply=)`) does not run that step
+    # twice: XLA drops the unread output, not a loop iteration.
+    last = jnp.maximum(count - 1, 0)
+    c, inputs = jax.lax.fori_loop(0, last, body, (init, inputs))
+    inputs = jax.tree.map(lambda buf, x: buf.at[last].set(x), inputs, c)
+    final = step(c, _index(xs, last))
+    final = jax.tree.map(lambda a, b: jnp.where(count > 0, a, b), final, c)
+    return final, inputs
 
 
 @_loop.def_bwd
