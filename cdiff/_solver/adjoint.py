@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 
-def adjoint_scan(step, init, xs, *, apply=None):
+def adjoint_scan(step, init, xs, *, apply=None, choose=None):
     """`jax.lax.scan(step, init, xs)`, differentiated in reverse mode by the
     discrete adjoint (see the module's docstring). `xs` must have a leading axis
     (no `length=`).
@@ -44,13 +44,24 @@ def adjoint_scan(step, init, xs, *, apply=None):
     `apply(c, x, saved)` returns the same `(c', y)` (to round-off) by
     differentiable operations. The forward pass keeps `saved` with each step's
     input, and the backward pass takes the VJPs of `apply`: a search (the loop
-    that locates an event, say) runs once, and only in the forward pass."""
+    that locates an event, say) runs once, and only in the forward pass.
+
+    `apply` may be a tuple of such functions, with `choose(c, x, saved)` the
+    index of the one that applies a step (unbatched: under `vmap`, one for the
+    whole batch). The backward pass then chooses between their whole VJPs
+    (`lax.switch`), rather than differentiating one function that chooses: a
+    `lax.cond` inside a differentiated function passes the residuals of every
+    branch out of it, zeros for those not taken, at every step."""
     x0 = jax.tree.map(lambda x: x[0], xs)
     closed = eqx.filter_closure_convert(step, init, x0)
     if apply is not None:
         saved = jax.eval_shape(closed, init, x0)[2]
-        apply = eqx.filter_closure_convert(apply, init, x0, saved)
-    out = _scan((closed, apply, init, xs))
+        branches = apply if isinstance(apply, tuple) else (apply,)
+        apply = tuple(eqx.filter_closure_convert(a, init, x0, saved)
+                      for a in branches)
+        choose = (eqx.filter_closure_convert(choose, init, x0, saved)
+                  if len(apply) > 1 else None)
+    out = _scan((closed, apply, choose, init, xs))
     # (Integer and boolean outputs carry no tangent: without this, the custom
     # rule's tangents reach primitives that have no differentiation rule.)
     return jax.tree.map(lambda x: x if _inexact(x) else jax.lax.stop_gradient(x),
@@ -59,7 +70,7 @@ def adjoint_scan(step, init, xs, *, apply=None):
 
 @eqx.filter_custom_vjp
 def _scan(operands):
-    step, apply, init, xs = operands
+    step, apply, _, init, xs = operands
     if apply is None:
         return jax.lax.scan(lambda c, x: step(c, x), init, xs)
     return jax.lax.scan(lambda c, x: step(c, x)[:2], init, xs)
@@ -68,7 +79,7 @@ def _scan(operands):
 @_scan.def_fwd
 def _scan_fwd(perturbed, operands):
     del perturbed
-    step, apply, init, xs = operands
+    step, apply, _, init, xs = operands
 
     def body(c, x):
         if apply is None:
@@ -105,32 +116,47 @@ def _add(a, b):
 @_scan.def_bwd
 def _scan_bwd(inputs, grad_obj, perturbed, operands):
     del perturbed
-    step, apply, init, xs = operands
+    step, apply, choose, init, xs = operands
     ct_final, ct_ys = grad_obj
     ys_shape = jax.eval_shape(lambda: _scan.fn(operands)[1])
     ct_final = fill_cotangent(init, ct_final)
     ct_ys = fill_cotangent(ys_shape, ct_ys)
-    # The function whose VJP each step takes, and the closed-over arrays it
-    # differentiates (one accumulator for all steps).
-    fn = step if apply is None else apply
-    ct_fn0 = fill_cotangent(fn, None)
+    # The functions whose VJPs the steps take, and the closed-over arrays they
+    # differentiate (one accumulator for all steps).
+    fns = (step,) if apply is None else apply
+    ct_fns0 = fill_cotangent(fns, None)
+
+    def vjp_of(k):
+        def vjp_k(ct_c, ct_y, c, saved, x):
+            if apply is None:
+                _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x), fns[k], c, x)
+            else:
+                _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x, saved), fns[k], c,
+                                        x)
+            d_fn, d_c, d_x = vjp((ct_c, ct_y))
+            d_fns = tuple(fill_cotangent(fn, d_fn if j == k else None)
+                          for j, fn in enumerate(fns))
+            return d_fns, fill_cotangent(init, d_c), fill_cotangent(x, d_x)
+        return vjp_k
 
     def back(carry, slices):
-        ct_c, ct_fn = carry
+        ct_c, ct_fns = carry
         (c, saved), x, ct_y = slices
-        if apply is None:
-            _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x), fn, c, x)
+        operands = (ct_c, ct_y, c, saved, x)
+        if len(fns) == 1:
+            d_fns, d_c, d_x = vjp_of(0)(*operands)
         else:
-            _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x, saved), fn, c, x)
-        d_fn, d_c, d_x = vjp((ct_c, ct_y))
-        return ((fill_cotangent(init, d_c), _add(ct_fn, fill_cotangent(fn, d_fn))),
-                fill_cotangent(x, d_x))
+            d_fns, d_c, d_x = jax.lax.switch(choose(c, x, saved),
+                                             [vjp_of(k) for k in range(len(fns))],
+                                             *operands)
+        return (d_c, _add(ct_fns, d_fns)), d_x
 
-    (ct_init, ct_fn), ct_xs = jax.lax.scan(
-        back, (ct_final, ct_fn0), (inputs, xs, ct_ys), reverse=True)
+    (ct_init, ct_fns), ct_xs = jax.lax.scan(
+        back, (ct_final, ct_fns0), (inputs, xs, ct_ys), reverse=True)
     if apply is None:
-        return ct_fn, None, ct_init, ct_xs
-    return fill_cotangent(step, None), ct_fn, ct_init, ct_xs
+        return ct_fns[0], None, None, ct_init, ct_xs
+    return (fill_cotangent(step, None), ct_fns, fill_cotangent(choose, None),
+            ct_init, ct_xs)
 
 
 def adjoint_loop(step, init, xs, count):

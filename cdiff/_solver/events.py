@@ -807,7 +807,7 @@ class StepTape(NamedTuple):
 
 def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_rest,
                projection=None, tape: StepTape | None = None,
-               forward_mode: bool = False):
+               forward_mode: bool = False, replay: bool | None = None):
     """The state at `tb` from `y` at `ta`, with the events between: `(y, active,
     e0, events, done, tape)`; `done` is False when the sub-steps ran out.
     `projection` (of [`cdiff.Projected`][]) maps every sub-step's end onto the
@@ -828,7 +828,9 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     the replay: its program then holds the step's VJP once instead of twice, for
     a gradient run about 15 % longer.) `forward_mode`: the replay in a
     `fori_loop` (which `jax.jvp` differentiates) instead of the discrete
-    adjoint."""
+    adjoint. `replay` (with a `tape`): True or False applies the step by the
+    replay or as a plain step, for a caller that knows which (the discrete
+    adjoint chooses between their VJPs, `plain_step`); None chooses here."""
     if tape is None:
         final, tape = _search(problem, ta, tb, y, active, e0, dt_rest=dt_rest,
                               projection=projection)
@@ -853,7 +855,9 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
                            projection)
             return tb, y1, e0, no_events
 
-        if problem.freezes_at_first_stage:
+        if replay is not None:
+            t, y, e0, step_events = replayed() if replay else plain()
+        elif problem.freezes_at_first_stage:
             t, y, e0, step_events = replayed()
         else:
             # (The plain step where no trajectory of the batch had an event: a loop
@@ -881,6 +885,13 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
     events = jax.lax.cond(eqxi.unvmap_any(step_events.count > 0), merge,
                           lambda events: events, events)
     return y, active, e0, events, tape.done, tape
+
+
+def plain_step(tape: StepTape) -> Array:
+    """Whether a searched step is applied as a plain step (no trajectory of the
+    batch had an event in it), as an index for `lax.switch`: 0 plain, 1 the
+    replay."""
+    return eqxi.unvmap_any(tape.count != 1).astype(jnp.int32)
 
 
 def _search(problem: Problem, ta, tb, y, active, e0, *, dt_rest, projection):
@@ -940,13 +951,13 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     drawn about 20 times during the solve."""
     dt = grid_ts[1] - grid_ts[0]
 
-    def body(carry, ts, tape=None):
+    def body(carry, ts, tape=None, replay=None):
         y, active, e0, result, events = carry
         ta, tb = ts
         running = result == RESULTS.successful
         y1, active1, e01, events1, done, tape = event_step(
             problem, ta, tb, y, active, e0, events, dt_rest=dt, projection=projection,
-            tape=tape, forward_mode=forward_mode)
+            tape=tape, forward_mode=forward_mode, replay=replay)
         result = RESULTS.where(running & ~done, RESULTS.event_limit, result)
         result = RESULTS.where(running & tape.infeasible, RESULTS.infeasible_contact,
                                result)
@@ -966,6 +977,12 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     def apply(carry, ts, tape):
         return body(carry, ts, tape)[:2]
 
+    def apply_plain(carry, ts, tape):
+        return body(carry, ts, tape, replay=False)[:2]
+
+    def apply_replay(carry, ts, tape):
+        return body(carry, ts, tape, replay=True)[:2]
+
     if forward_mode:  # each step searched, then applied with tangents
         def run(init, xs):
             def step(carry, ts):
@@ -976,7 +993,11 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
             return jax.lax.scan(step, init, xs)
     else:
         def run(init, xs):
-            return adjoint_scan(search, init, xs, apply=apply)
+            if problem.freezes_at_first_stage:  # (every step by the replay)
+                return adjoint_scan(search, init, xs, apply=apply)
+            # (The plain step's VJP or the replay's, chosen outside them.)
+            return adjoint_scan(search, init, xs, apply=(apply_plain, apply_replay),
+                                choose=lambda carry, ts, tape: plain_step(tape))
 
     y0 = problem.y0
     active0 = problem.context.model.active
