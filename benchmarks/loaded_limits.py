@@ -35,7 +35,7 @@ jax.config.update("jax_enable_x64", True)
 import jax.numpy as jnp  # noqa: E402
 import mujoco  # noqa: E402
 import numpy as np  # noqa: E402
-from _config import first_call  # noqa: E402
+from _config import CLOCKS, first_call, set_clock  # noqa: E402
 from _record import record  # noqa: E402
 
 import cdiff  # noqa: E402
@@ -116,7 +116,11 @@ def main():
     parser.add_argument("--grad-steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall time, or the process's CPU time (which a shared "
+                             "VM's steal time does not inflate)")
     args = parser.parse_args()
+    set_clock(args.clock)
     rows = []
     for name in args.models:
         base = None

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 
 import cdiff  # noqa: E402
-from _config import first_call  # noqa: E402
+from _config import CLOCKS, first_call, set_clock  # noqa: E402
 from _record import record  # noqa: E402
 
 GRAVITY = 9.81
@@ -74,9 +74,13 @@ def main():
     parser.add_argument("--batch", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--record", action="store_true")
+    parser.add_argument("--clock", choices=list(CLOCKS), default="wall",
+                        help="wall time, or the process's CPU time (which a shared "
+                             "VM's steal time does not inflate)")
     parser.add_argument("--solvers", nargs="+", choices=list(SOLVERS),
                         default=list(SOLVERS))
     args = parser.parse_args()
+    set_clock(args.clock)
     theta = jnp.linspace(0.5, 0.7, args.batch)
     rows = []
     for key in args.solvers:
