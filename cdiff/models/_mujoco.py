@@ -60,6 +60,11 @@ class _Joint(NamedTuple):
     dofadr: int
 
 
+class _Indices(NamedTuple):
+    qpos: np.ndarray
+    dofs: np.ndarray
+
+
 class _Equality(NamedTuple):
     label: str  # for messages: "weld equality 'name'" or "weld equality 3"
     kind: str  # connect, weld, joint or tendon
@@ -77,13 +82,21 @@ def _impl(d):
 
 
 def _quat_mul(u, v):
-    """The quaternion product `u * v` (w, x, y, z)."""
+    """The quaternion product `u * v` (w, x, y, z; leading axes broadcast)."""
+    u0, u1, u2, u3 = _components(u)
+    v0, v1, v2, v3 = _components(v)
     return jnp.stack([
-        u[0] * v[0] - u[1] * v[1] - u[2] * v[2] - u[3] * v[3],
-        u[0] * v[1] + u[1] * v[0] + u[2] * v[3] - u[3] * v[2],
-        u[0] * v[2] - u[1] * v[3] + u[2] * v[0] + u[3] * v[1],
-        u[0] * v[3] + u[1] * v[2] - u[2] * v[1] + u[3] * v[0],
-    ])
+        u0 * v0 - u1 * v1 - u2 * v2 - u3 * v3,
+        u0 * v1 + u1 * v0 + u2 * v3 - u3 * v2,
+        u0 * v2 - u1 * v3 + u2 * v0 + u3 * v1,
+        u0 * v3 + u1 * v2 - u2 * v1 + u3 * v0,
+    ], axis=-1)
+
+
+def _components(u):
+    """The four components of quaternions `u` along its last axis (static slices,
+    which trace far faster than indexing)."""
+    return [jax.lax.index_in_dim(u, i, axis=-1, keepdims=False) for i in range(4)]
 
 
 def _quat_conj(u):
@@ -511,18 +524,11 @@ class MuJoCoModel(AbstractModel):
         `h = 0`."""
         if self.nq == self.nv:
             return v
-        parts = []
-        for j in self.joints:
-            a, b = j.qposadr, j.dofadr
-            if j.type in (_SLIDE, _HINGE):
-                parts.append(v[b:b + 1])
-                continue
-            if j.type == _FREE:
-                parts.append(v[b:b + 3])
-                a, b = a + 3, b + 3
-            omega = jnp.concatenate([jnp.zeros((1,), v.dtype), v[b:b + 3]])
-            parts.append(0.5 * _quat_mul(q[a:a + 4], omega))
-        return jnp.concatenate(parts)
+        plain, quats = self._coordinates()
+        omega = v[quats.dofs]
+        pure = jnp.concatenate([jnp.zeros((*omega.shape[:-1], 1), v.dtype), omega], -1)
+        rates = 0.5 * _quat_mul(q[quats.qpos], pure)
+        return jnp.concatenate([v[plain.dofs], rates.reshape(-1)])[self._order()]
 
     def integrate_position(self, q, dv):
         r"""The configuration reached from `q` by the velocity-space displacement
@@ -531,18 +537,41 @@ class MuJoCoModel(AbstractModel):
         ($\bar q$ normalised) for ball and free joints; smooth at `dv = 0`."""
         if self.nq == self.nv:
             return q + dv
-        parts = []
+        plain, quats = self._coordinates()
+        quat = q[quats.qpos]
+        quat = quat / jnp.linalg.norm(quat, axis=-1, keepdims=True)
+        turned = _quat_mul(quat, jax.vmap(_quat_exp)(dv[quats.dofs]))
+        return jnp.concatenate([q[plain.qpos] + dv[plain.dofs],
+                                turned.reshape(-1)])[self._order()]
+
+    def _coordinates(self):
+        """Static index arrays of the coordinates: `plain` (hinge, slide and a free
+        joint's position: `qpos` and dof indices, shape `(k,)`) and `quats` (ball
+        and free joints' quaternions, `qpos` shape `(n, 4)`, their angular
+        velocities' dofs shape `(n, 3)`)."""
+        plain_q, plain_v, quat_q, quat_v = [], [], [], []
         for j in self.joints:
             a, b = j.qposadr, j.dofadr
             if j.type in (_SLIDE, _HINGE):
-                parts.append(q[a:a + 1] + dv[b:b + 1])
+                plain_q.append(a)
+                plain_v.append(b)
                 continue
             if j.type == _FREE:
-                parts.append(q[a:a + 3] + dv[b:b + 3])
+                plain_q += [a, a + 1, a + 2]
+                plain_v += [b, b + 1, b + 2]
                 a, b = a + 3, b + 3
-            quat = q[a:a + 4] / jnp.linalg.norm(q[a:a + 4])
-            parts.append(_quat_mul(quat, _quat_exp(dv[b:b + 3])))
-        return jnp.concatenate(parts)
+            quat_q.append([a, a + 1, a + 2, a + 3])
+            quat_v.append([b, b + 1, b + 2])
+        return (_Indices(np.array(plain_q, int), np.array(plain_v, int)),
+                _Indices(np.array(quat_q, int).reshape(-1, 4),
+                         np.array(quat_v, int).reshape(-1, 3)))
+
+    def _order(self):
+        """The permutation that takes `[plain coordinates, quaternions]` (as
+        `_coordinates` lists them) to `qpos` order."""
+        plain, quats = self._coordinates()
+        where = np.concatenate([plain.qpos, quats.qpos.reshape(-1)])
+        return np.argsort(where)
 
     # -- kinematic helpers ----------------------------------------------------------
 
