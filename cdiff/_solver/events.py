@@ -112,17 +112,25 @@ class Events(eqx.Module):
 
     def add(self, when, t, q, v_before, v_after, impulse, rows, rest,
             grazing) -> Events:
+        """This record with one impact appended where `when` (and room is left)."""
+        one = [x[None] for x in (t, q, v_before, v_after, impulse, rows, rest,
+                                 grazing)]
+        return self.extend(Events(*one, jnp.asarray(when).astype(jnp.int32)))
+
+    def extend(self, new: Events) -> Events:
+        """This record with the first `new.count` impacts of `new` appended (those
+        that fit; the count counts them all)."""
         n = self.t.shape[0]
-        i = jnp.minimum(self.count, n - 1)
-        write = when & (self.count < n)
+        j = jnp.arange(new.t.shape[0], dtype=self.count.dtype)
+        # (An index past the end is dropped by the scatter: no room, or not new.)
+        at = jnp.where(j < new.count, self.count + j, n)
 
         def put(buf, x):
-            return buf.at[i].set(jnp.where(write, x, buf[i]))
+            return buf.at[at].set(x, mode="drop")
 
-        return Events(put(self.t, t), put(self.q, q), put(self.v_before, v_before),
-                      put(self.v_after, v_after), put(self.impulse, impulse),
-                      put(self.rows, rows), put(self.rest, rest),
-                      put(self.grazing, grazing), self.count + when.astype(jnp.int32))
+        fields = ("t", "q", "v_before", "v_after", "impulse", "rows", "rest", "grazing")
+        return Events(*(put(getattr(self, f), getattr(new, f)) for f in fields),
+                      self.count + new.count)
 
 
 def start_tolerance(q0):
@@ -706,9 +714,9 @@ def _locate(problem: Problem, ta, tb, y, active, e0, *, dt_rest,
         changed = restart | accept_free | event
         op = _Op(changed, restart, active, t_try, t_step, moved & go, accept_free,
                  event, releasing, decided, vdot_try)
-        i = jnp.minimum(c.ops, MAX_SUBSTEPS - 1)
-        tape = jax.tree.map(lambda buf, x: buf.at[i].set(jnp.where(changed, x, buf[i])),
-                            c.tape, op)
+        # (Past the end, where nothing changed or no room is left: dropped.)
+        i = jnp.where(changed, jnp.minimum(c.ops, MAX_SUBSTEPS - 1), MAX_SUBSTEPS)
+        tape = jax.tree.map(lambda buf, x: buf.at[i].set(x, mode="drop"), c.tape, op)
         return _Carry(
             t=t_new, y=y_new, active=active_new,
             e0=jnp.where(event, e_after, c.e0), locating=locating,
@@ -873,17 +881,9 @@ def event_step(problem: Problem, ta, tb, y, active, e0, events: Events, *, dt_re
         lambda: (tape.active, y))
 
     # The step's events appended to the solve's, where some trajectory had one.
-    def merge(events):
-        new = step_events
-        for j in range(_STEP_EVENTS):
-            events = events.add(j < new.count, new.t[j], new.q[j], new.v_before[j],
-                                new.v_after[j], new.impulse[j], new.rows[j], new.rest[j],
-                                new.grazing[j])
-        return eqx.tree_at(lambda e: e.count, events,
-                           events.count + jnp.maximum(new.count - _STEP_EVENTS, 0))
-
-    events = jax.lax.cond(eqxi.unvmap_any(step_events.count > 0), merge,
-                          lambda events: events, events)
+    events = jax.lax.cond(eqxi.unvmap_any(step_events.count > 0),
+                          lambda new: events.extend(new), lambda _: events,
+                          step_events)
     return y, active, e0, events, tape.done, tape
 
 
