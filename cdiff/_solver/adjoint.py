@@ -34,7 +34,7 @@ import jax
 import jax.numpy as jnp
 
 
-def adjoint_scan(step, init, xs, *, apply=None, choose=None):
+def adjoint_scan(step, init, xs, *, apply=None, choose=None, args=None):
     """`jax.lax.scan(step, init, xs)`, differentiated in reverse mode by the
     discrete adjoint (see the module's docstring). `xs` must have a leading axis
     (no `length=`).
@@ -51,7 +51,19 @@ def adjoint_scan(step, init, xs, *, apply=None, choose=None):
     whole batch). The backward pass then chooses between their whole VJPs
     (`lax.switch`), rather than differentiating one function that chooses: a
     `lax.cond` inside a differentiated function passes the residuals of every
-    branch out of it, zeros for those not taken, at every step."""
+    branch out of it, zeros for those not taken, at every step.
+
+    With `args` (and `apply`), the functions take it first (`step(args, c, x)`,
+    `apply(args, c, x, saved)`, `choose(args, c, x, saved)`) and are not
+    closure-converted: `args` holds every array they differentiate, and they
+    must close over no other traced value (which would get no derivative). A
+    scan that is not differentiated then traces `step` once and `apply` not at
+    all (closure conversion traces each function ahead of the scan)."""
+    if args is not None:
+        branches = apply if isinstance(apply, tuple) else (apply,)
+        out = _applied((step, branches, choose, args, init, xs))
+        return jax.tree.map(lambda x: x if _inexact(x) else jax.lax.stop_gradient(x),
+                            out)
     x0 = jax.tree.map(lambda x: x[0], xs)
     closed = eqx.filter_closure_convert(step, init, x0)
     if apply is not None:
@@ -157,6 +169,58 @@ def _scan_bwd(inputs, grad_obj, perturbed, operands):
         return ct_fns[0], None, None, ct_init, ct_xs
     return (fill_cotangent(step, None), ct_fns, fill_cotangent(choose, None),
             ct_init, ct_xs)
+
+
+@eqx.filter_custom_vjp
+def _applied(operands):
+    step, _, _, args, init, xs = operands
+    return jax.lax.scan(lambda c, x: step(args, c, x)[:2], init, xs)
+
+
+@_applied.def_fwd
+def _applied_fwd(perturbed, operands):
+    del perturbed
+    step, _, _, args, init, xs = operands
+
+    def body(c, x):
+        c1, y, saved = step(args, c, x)
+        return c1, (y, (c, saved))
+
+    final, (ys, inputs) = jax.lax.scan(body, init, xs)
+    return (final, ys), inputs
+
+
+@_applied.def_bwd
+def _applied_bwd(inputs, grad_obj, perturbed, operands):
+    del perturbed
+    _, apply, choose, args, init, xs = operands
+    ct_final, ct_ys = grad_obj
+    ct_final = fill_cotangent(init, ct_final)
+
+    def vjp_of(fn):
+        def vjp_k(ct_c, ct_y, c, saved, x):
+            out, vjp = eqx.filter_vjp(lambda a, c, x: fn(a, c, x, saved), args, c, x)
+            d_args, d_c, d_x = vjp((ct_c, fill_cotangent(out[1], ct_y)))
+            return (fill_cotangent(args, d_args), fill_cotangent(init, d_c),
+                    fill_cotangent(x, d_x))
+        return vjp_k
+
+    def back(carry, slices):
+        ct_c, ct_args = carry
+        (c, saved), x, ct_y = slices
+        at = (ct_c, ct_y, c, saved, x)
+        if len(apply) == 1:
+            d_args, d_c, d_x = vjp_of(apply[0])(*at)
+        else:
+            d_args, d_c, d_x = jax.lax.switch(choose(args, c, x, saved),
+                                              [vjp_of(fn) for fn in apply], *at)
+        return (d_c, _add(ct_args, d_args)), d_x
+
+    (ct_init, ct_args), ct_xs = jax.lax.scan(
+        back, (ct_final, fill_cotangent(args, None)), (inputs, xs, ct_ys),
+        reverse=True)
+    return (fill_cotangent(operands[0], None), fill_cotangent(apply, None),
+            fill_cotangent(choose, None), ct_args, ct_init, ct_xs)
 
 
 def adjoint_loop(step, init, xs, count):

@@ -950,8 +950,13 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
     differentiates) instead of the discrete adjoint; `progress`: a progress bar,
     drawn about 20 times during the solve."""
     dt = grid_ts[1] - grid_ts[0]
+    # (What the steps differentiate, passed to them rather than closed over: the
+    # discrete adjoint then traces the applications only where it is
+    # differentiated.)
+    args = (problem, projection, dt)
 
-    def body(carry, ts, tape=None, replay=None):
+    def body(args, carry, ts, tape=None, replay=None):
+        problem, projection, dt = args
         y, active, e0, result, events = carry
         ta, tb = ts
         running = result == RESULTS.successful
@@ -971,33 +976,34 @@ def event_rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         row = jax.tree.map(lambda x: jnp.where(keep, x, jnp.inf), (tb, y1))
         return carry, (row, jnp.where(keep, active1, False)), tape
 
-    def search(carry, ts):
-        return body(carry, ts)
+    def search(args, carry, ts):
+        return body(args, carry, ts)
 
-    def apply(carry, ts, tape):
-        return body(carry, ts, tape)[:2]
+    def apply(args, carry, ts, tape):
+        return body(args, carry, ts, tape)[:2]
 
-    def apply_plain(carry, ts, tape):
-        return body(carry, ts, tape, replay=False)[:2]
+    def apply_plain(args, carry, ts, tape):
+        return body(args, carry, ts, tape, replay=False)[:2]
 
-    def apply_replay(carry, ts, tape):
-        return body(carry, ts, tape, replay=True)[:2]
+    def apply_replay(args, carry, ts, tape):
+        return body(args, carry, ts, tape, replay=True)[:2]
 
     if forward_mode:  # each step searched, then applied with tangents
         def run(init, xs):
             def step(carry, ts):
                 # (The trial times carry no derivative: the event time's is the
                 # correction's, in `_event_at`.)
-                tape = jax.lax.stop_gradient(search(carry, ts)[2])
-                return apply(carry, ts, tape)
+                tape = jax.lax.stop_gradient(search(args, carry, ts)[2])
+                return apply(args, carry, ts, tape)
             return jax.lax.scan(step, init, xs)
     else:
         def run(init, xs):
             if problem.freezes_at_first_stage:  # (every step by the replay)
-                return adjoint_scan(search, init, xs, apply=apply)
+                return adjoint_scan(search, init, xs, apply=apply, args=args)
             # (The plain step's VJP or the replay's, chosen outside them.)
             return adjoint_scan(search, init, xs, apply=(apply_plain, apply_replay),
-                                choose=lambda carry, ts, tape: plain_step(tape))
+                                choose=lambda args, carry, ts, tape: plain_step(tape),
+                                args=args)
 
     y0 = problem.y0
     active0 = problem.context.model.active
