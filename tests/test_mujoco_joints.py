@@ -443,3 +443,64 @@ def test_free_body_against_the_engine(free_body):
     assert errors["site"] < 1e-15, errors  # measured 1.1e-16
     assert errors["site_vel"] < 2e-15, errors  # measured 2.2e-16
     assert errors["omega"] < 4e-15, errors  # measured 4.4e-16
+
+
+MIXED = """
+<mujoco>
+  <default><geom contype="0" conaffinity="0"/></default>
+  <worldbody>
+    <body name="base" pos="0 0 1">
+      <freejoint/>
+      <geom type="box" size="0.1 0.2 0.05" mass="1"/>
+      <body name="arm" pos="0 0 -0.3">
+        <joint name="hinge" type="hinge" axis="0 1 0"/>
+        <geom type="capsule" fromto="0 0 0 0 0 -0.3" size="0.03" mass="0.5"/>
+        <body name="ball" pos="0 0 -0.3">
+          <joint name="ball" type="ball"/>
+          <geom type="sphere" size="0.05" mass="0.3"/>
+          <body name="slider" pos="0.1 0 0">
+            <joint name="slide" type="slide" axis="1 0 0"/>
+            <geom type="sphere" size="0.02" mass="0.1"/>
+            <body name="ball2" pos="0 0 -0.1">
+              <joint name="ball2" type="ball"/>
+              <geom type="sphere" size="0.02" mass="0.1"/>
+            </body>
+          </body>
+        </body>
+      </body>
+    </body>
+  </worldbody>
+</mujoco>
+"""
+
+
+def test_mixed_joints_integrate_and_rate_as_mujoco():
+    """A free, a hinge, a ball, a slide and a second ball joint in one chain
+    (coordinates of every kind interleaved in `qpos`): `integrate_position`
+    equals MuJoCo's `mj_integratePos`, and `position_rate` is its derivative at
+    `dv = 0` (central differences), at a random state with unit quaternions."""
+    m = mujoco.MjModel.from_xml_string(MIXED)
+    model = cdiff.models.from_mujoco(MIXED)
+    rng = np.random.default_rng(3)
+    q = rng.normal(size=m.nq)
+    free, ball = int(mujoco.mjtJoint.mjJNT_FREE), int(mujoco.mjtJoint.mjJNT_BALL)
+    kinds = [int(k) for k in m.jnt_type]
+    assert sorted(kinds) == sorted([free, ball, ball, int(mujoco.mjtJoint.mjJNT_HINGE),
+                                    int(mujoco.mjtJoint.mjJNT_SLIDE)])
+    for j, kind in enumerate(kinds):
+        a = int(m.jnt_qposadr[j]) + (3 if kind == free else 0)
+        if kind in (free, ball):
+            q[a:a + 4] /= np.linalg.norm(q[a:a + 4])
+    dv = rng.normal(size=m.nv)
+    expected = q.copy()
+    mujoco.mj_integratePos(m, expected, dv, 1.0)
+    got = jax.jit(lambda q, dv: model.integrate_position(q, dv))(jnp.asarray(q),
+                                                                 jnp.asarray(dv))
+    np.testing.assert_allclose(got, expected, rtol=0, atol=1e-14)
+
+    h = 1e-6
+    step = jax.jit(lambda s: model.integrate_position(jnp.asarray(q), s * jnp.asarray(dv)))
+    central = (np.asarray(step(h)) - np.asarray(step(-h))) / (2 * h)
+    rate = jax.jit(lambda q, v: model.position_rate(0.0, q, v))(jnp.asarray(q),
+                                                                jnp.asarray(dv))
+    np.testing.assert_allclose(rate, central, rtol=0, atol=1e-8)
