@@ -29,6 +29,8 @@ keep a plain `scan` or `fori_loop` for `adjoint=diffrax.ForwardMode()`.
 
 from __future__ import annotations
 
+import functools
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -53,55 +55,59 @@ def adjoint_scan(step, init, xs, *, apply=None, choose=None, args=None):
     `lax.cond` inside a differentiated function passes the residuals of every
     branch out of it, zeros for those not taken, at every step.
 
-    With `args` (and `apply`), the functions take it first (`step(args, c, x)`,
-    `apply(args, c, x, saved)`, `choose(args, c, x, saved)`) and are not
-    closure-converted: `args` holds every array they differentiate, and they
-    must close over no other traced value (which would get no derivative). A
-    scan that is not differentiated then traces `step` once and `apply` not at
-    all (closure conversion traces each function ahead of the scan)."""
-    if args is not None:
-        branches = apply if isinstance(apply, tuple) else (apply,)
-        out = _applied((step, branches, choose, args, init, xs))
-        return jax.tree.map(lambda x: x if _inexact(x) else jax.lax.stop_gradient(x),
-                            out)
-    x0 = jax.tree.map(lambda x: x[0], xs)
-    closed = eqx.filter_closure_convert(step, init, x0)
-    if apply is not None:
-        saved = jax.eval_shape(closed, init, x0)[2]
-        branches = apply if isinstance(apply, tuple) else (apply,)
-        apply = tuple(eqx.filter_closure_convert(a, init, x0, saved)
-                      for a in branches)
-        choose = (eqx.filter_closure_convert(choose, init, x0, saved)
-                  if len(apply) > 1 else None)
-    out = _scan((closed, apply, choose, init, xs))
+    Without `args`, the functions are closure-converted (traced ahead of the
+    scan, their closed-over arrays hoisted) and those arrays are what the
+    backward pass differentiates. With `args` (and `apply`), the functions take
+    it first (`step(args, c, x)`, `apply(args, c, x, saved)`, `choose(args, c,
+    x, saved)`) and nothing is closure-converted: `args` holds every array they
+    differentiate, and they must close over no other traced value (which would
+    get no derivative). A scan that is not differentiated then traces `step`
+    once and `apply` not at all."""
+    if args is None:
+        # (Closure-converted: the closed-over arrays become the functions' own
+        # arrays, passed as `args`.)
+        x0 = jax.tree.map(lambda x: x[0], xs)
+        closed = eqx.filter_closure_convert(step, init, x0)
+        if apply is None:  # (the step is its own application, nothing saved)
+            args = closed
+            step, apply = _own_step, _own_apply
+        else:
+            saved = jax.eval_shape(closed, init, x0)[2]
+            branches = apply if isinstance(apply, tuple) else (apply,)
+            args = (closed, tuple(eqx.filter_closure_convert(a, init, x0, saved)
+                                  for a in branches),
+                    (eqx.filter_closure_convert(choose, init, x0, saved)
+                     if len(branches) > 1 else None))
+            step, choose = _closed_step, _closed_choose
+            apply = tuple(functools.partial(_closed_apply, k)
+                          for k in range(len(branches)))
+    branches = apply if isinstance(apply, tuple) else (apply,)
+    out = _applied((step, branches, choose, args, init, xs))
     # (Integer and boolean outputs carry no tangent: without this, the custom
     # rule's tangents reach primitives that have no differentiation rule.)
     return jax.tree.map(lambda x: x if _inexact(x) else jax.lax.stop_gradient(x),
                         out)
 
 
-@eqx.filter_custom_vjp
-def _scan(operands):
-    step, apply, _, init, xs = operands
-    if apply is None:
-        return jax.lax.scan(lambda c, x: step(c, x), init, xs)
-    return jax.lax.scan(lambda c, x: step(c, x)[:2], init, xs)
+def _own_step(step, c, x):
+    return (*step(c, x), None)
 
 
-@_scan.def_fwd
-def _scan_fwd(perturbed, operands):
-    del perturbed
-    step, apply, _, init, xs = operands
+def _own_apply(step, c, x, saved):
+    del saved
+    return step(c, x)
 
-    def body(c, x):
-        if apply is None:
-            c1, y = step(c, x)
-            return c1, (y, (c, None))
-        c1, y, saved = step(c, x)
-        return c1, (y, (c, saved))
 
-    final, (ys, inputs) = jax.lax.scan(body, init, xs)
-    return (final, ys), inputs
+def _closed_step(fns, c, x):
+    return fns[0](c, x)
+
+
+def _closed_apply(k, fns, c, x, saved):
+    return fns[1][k](c, x, saved)
+
+
+def _closed_choose(fns, c, x, saved):
+    return fns[2](c, x, saved)
 
 
 def _inexact(x) -> bool:
@@ -123,52 +129,6 @@ def fill_cotangent(tree, ct):
 
 def _add(a, b):
     return jax.tree.map(lambda a, b: a + b, a, b)
-
-
-@_scan.def_bwd
-def _scan_bwd(inputs, grad_obj, perturbed, operands):
-    del perturbed
-    step, apply, choose, init, xs = operands
-    ct_final, ct_ys = grad_obj
-    ys_shape = jax.eval_shape(lambda: _scan.fn(operands)[1])
-    ct_final = fill_cotangent(init, ct_final)
-    ct_ys = fill_cotangent(ys_shape, ct_ys)
-    # The functions whose VJPs the steps take, and the closed-over arrays they
-    # differentiate (one accumulator for all steps).
-    fns = (step,) if apply is None else apply
-    ct_fns0 = fill_cotangent(fns, None)
-
-    def vjp_of(k):
-        def vjp_k(ct_c, ct_y, c, saved, x):
-            if apply is None:
-                _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x), fns[k], c, x)
-            else:
-                _, vjp = eqx.filter_vjp(lambda fn, c, x: fn(c, x, saved), fns[k], c,
-                                        x)
-            d_fn, d_c, d_x = vjp((ct_c, ct_y))
-            d_fns = tuple(fill_cotangent(fn, d_fn if j == k else None)
-                          for j, fn in enumerate(fns))
-            return d_fns, fill_cotangent(init, d_c), fill_cotangent(x, d_x)
-        return vjp_k
-
-    def back(carry, slices):
-        ct_c, ct_fns = carry
-        (c, saved), x, ct_y = slices
-        operands = (ct_c, ct_y, c, saved, x)
-        if len(fns) == 1:
-            d_fns, d_c, d_x = vjp_of(0)(*operands)
-        else:
-            d_fns, d_c, d_x = jax.lax.switch(choose(c, x, saved),
-                                             [vjp_of(k) for k in range(len(fns))],
-                                             *operands)
-        return (d_c, _add(ct_fns, d_fns)), d_x
-
-    (ct_init, ct_fns), ct_xs = jax.lax.scan(
-        back, (ct_final, ct_fns0), (inputs, xs, ct_ys), reverse=True)
-    if apply is None:
-        return ct_fns[0], None, None, ct_init, ct_xs
-    return (fill_cotangent(step, None), ct_fns, fill_cotangent(choose, None),
-            ct_init, ct_xs)
 
 
 @eqx.filter_custom_vjp

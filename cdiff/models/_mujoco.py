@@ -524,11 +524,11 @@ class MuJoCoModel(AbstractModel):
         `h = 0`."""
         if self.nq == self.nv:
             return v
-        plain, quats = self._coordinates()
+        plain, quats, order = self._coordinates()
         omega = v[quats.dofs]
         pure = jnp.concatenate([jnp.zeros((*omega.shape[:-1], 1), v.dtype), omega], -1)
         rates = 0.5 * _quat_mul(q[quats.qpos], pure)
-        return jnp.concatenate([v[plain.dofs], rates.reshape(-1)])[self._order()]
+        return jnp.concatenate([v[plain.dofs], rates.reshape(-1)])[order]
 
     def integrate_position(self, q, dv):
         r"""The configuration reached from `q` by the velocity-space displacement
@@ -537,18 +537,19 @@ class MuJoCoModel(AbstractModel):
         ($\bar q$ normalised) for ball and free joints; smooth at `dv = 0`."""
         if self.nq == self.nv:
             return q + dv
-        plain, quats = self._coordinates()
+        plain, quats, order = self._coordinates()
         quat = q[quats.qpos]
         quat = quat / jnp.linalg.norm(quat, axis=-1, keepdims=True)
         turned = _quat_mul(quat, jax.vmap(_quat_exp)(dv[quats.dofs]))
         return jnp.concatenate([q[plain.qpos] + dv[plain.dofs],
-                                turned.reshape(-1)])[self._order()]
+                                turned.reshape(-1)])[order]
 
     def _coordinates(self):
         """Static index arrays of the coordinates: `plain` (hinge, slide and a free
         joint's position: `qpos` and dof indices, shape `(k,)`) and `quats` (ball
         and free joints' quaternions, `qpos` shape `(n, 4)`, their angular
-        velocities' dofs shape `(n, 3)`)."""
+        velocities' dofs shape `(n, 3)`), and `order`, the permutation that takes
+        `[plain coordinates, quaternions]` to `qpos` order."""
         plain_q, plain_v, quat_q, quat_v = [], [], [], []
         for j in self.joints:
             a, b = j.qposadr, j.dofadr
@@ -562,16 +563,10 @@ class MuJoCoModel(AbstractModel):
                 a, b = a + 3, b + 3
             quat_q.append([a, a + 1, a + 2, a + 3])
             quat_v.append([b, b + 1, b + 2])
+        order = np.argsort(np.concatenate([plain_q, np.ravel(quat_q)]).astype(int))
         return (_Indices(np.array(plain_q, int), np.array(plain_v, int)),
                 _Indices(np.array(quat_q, int).reshape(-1, 4),
-                         np.array(quat_v, int).reshape(-1, 3)))
-
-    def _order(self):
-        """The permutation that takes `[plain coordinates, quaternions]` (as
-        `_coordinates` lists them) to `qpos` order."""
-        plain, quats = self._coordinates()
-        where = np.concatenate([plain.qpos, quats.qpos.reshape(-1)])
-        return np.argsort(where)
+                         np.array(quat_v, int).reshape(-1, 3)), order)
 
     # -- kinematic helpers ----------------------------------------------------------
 
