@@ -1043,7 +1043,7 @@ def test_ctrl_c_in_a_step_size_study_keeps_the_finished_formulations(
     """What an interrupt of `cdiff study step-size` writes: the rows of the
     formulations finished, here Ctrl-C pressed while the second one runs."""
     from cdiff.cli import _interrupt
-    from cdiff.studies import _sweeps
+    from cdiff.studies import _step_size_study
 
     interrupts = []
 
@@ -1059,7 +1059,7 @@ def test_ctrl_c_in_a_step_size_study_keeps_the_finished_formulations(
         def best_formulation(self):
             return cdiff.Lagrange(alpha=5.0, beta=5.0)
 
-    run, calls = _sweeps._run, []
+    run, calls = _step_size_study._run, []
 
     def run_until_the_second(*args, **kwargs):
         calls.append(interrupts[0].during)
@@ -1070,7 +1070,7 @@ def test_ctrl_c_in_a_step_size_study_keeps_the_finished_formulations(
 
     monkeypatch.setattr(cli, "Interrupt", Recorded)
     monkeypatch.setattr(cdiff.studies, "gain_sweep", lambda *a, **k: _Sweep())
-    monkeypatch.setattr(_sweeps, "_run", run_until_the_second)
+    monkeypatch.setattr(_step_size_study, "_run", run_until_the_second)
     with pytest.raises(_Stop):
         cli.main(["study", "step-size", "particle-on-circle", "--t1", "0.2",
                   "--dts", "0.1", "0.05", "--no-time-each", "--out", str(tmp_path)])

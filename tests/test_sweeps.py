@@ -218,7 +218,7 @@ def test_off_grid_step_sizes_interpolate_like_simulate():
     # and must still equal separate simulations (interpolated alike).
     # private on purpose: which of the study's two loops runs is not observable
     # through the public API (only its results, checked below).
-    from cdiff.studies._sweeps import _steps_per_save
+    from cdiff.studies._runner import _steps_per_save
 
     dts = np.array([3e-2, 7e-2])
     assert _steps_per_save(dts, T1, N_SAVE) is None

@@ -9,9 +9,9 @@ from ._chunked import map_batches as map_batches
 from ._fit import Fit as Fit
 from ._fit import identify as identify
 from ._fit import tune as tune
-from ._sweeps import GainSweep as GainSweep
-from ._sweeps import Minimal as Minimal
-from ._sweeps import StepSizeStudy as StepSizeStudy
-from ._sweeps import gain_sweep as gain_sweep
-from ._sweeps import step_size_study as step_size_study
+from ._gain_sweep import GainSweep as GainSweep
+from ._gain_sweep import gain_sweep as gain_sweep
+from ._runner import Minimal as Minimal
+from ._step_size_study import StepSizeStudy as StepSizeStudy
+from ._step_size_study import step_size_study as step_size_study
 from ._table import Table as Table

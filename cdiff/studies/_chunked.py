@@ -3,13 +3,15 @@ each chunk one compiled `jax.vmap`ped call split over the local devices
 (`jax.sharding`), with a progress bar, and saved chunk by chunk so that an
 interrupted sweep resumes where it stopped. Across processes (`jax.distributed`)
 each process computes its share of the chunks on its own devices and the
-processes exchange them through the shared checkpoint directory."""
+processes exchange them through the shared checkpoint directory.
+
+Here: chunk execution (the arguments' checks, the compiled call, the placement
+on the devices, the loop over this process's chunks). The checkpoint files are
+`_checkpoint`'s, the coordination between processes `_coordination`'s."""
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import numbers
 import os
 import time
@@ -22,15 +24,18 @@ import jax
 import numpy as np
 
 from .._compiler import compiler_options as _default_options
+from ._checkpoint import (
+    _chunk_path,
+    _chunk_record,
+    _load_chunk,
+    _manifest,
+    _open_checkpoint,
+    _save_chunk,
+    _sweep_id,
+)
+from ._coordination import _check_timeout, _gather, _Peers, _wait_for_manifest
 
 _NAME = "cdiff.studies.map_batches"
-_FORMAT = "cdiff.studies.map_batches checkpoint, version 2"
-_MANIFEST = "manifest.json"
-#: The entry of a chunk file that says which chunk of which sweep it holds.
-_RECORD = "chunk_record"
-#: Seconds between two looks at the checkpoint directory while waiting: the first
-#: and the longest (the interval doubles while nothing new appears).
-_POLL = (0.02, 1.0)
 
 
 @eqx.filter_jit
@@ -105,276 +110,6 @@ def _check_chunk_size(chunk_size, n: int, name: str) -> int:
         raise ValueError(f"{name}: chunk_size must be a positive int or None, got "
                          f"{chunk_size!r}")
     return min(int(chunk_size), n)
-
-
-def _fingerprint(paths, arrays) -> str:
-    """SHA-256 of arrays' paths, dtypes, shapes and bytes."""
-    h = hashlib.sha256()
-    for path, a in zip(paths, arrays):
-        h.update(f"\0{path}\0{a.dtype.str}\0{a.shape}\0".encode())
-        h.update(np.ascontiguousarray(a).tobytes())
-    return h.hexdigest()
-
-
-def _arrays_of(fn):
-    """The array leaves of `fn` (an `equinox.Module`'s fields; none for a plain
-    function) on the host, and their paths."""
-    flat = jax.tree_util.tree_flatten_with_path(eqx.filter(fn, eqx.is_array))[0]
-    return ([jax.tree_util.keystr(p) for p, _ in flat],
-            [np.asarray(x) for _, x in flat])
-
-
-def _write(path: Path, write) -> None:
-    """Write a file atomically: to a hidden temporary name, then `os.replace`."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
-def _check_timeout(timeout, name: str):
-    if timeout is None:
-        return None
-    if (isinstance(timeout, bool) or not isinstance(timeout, numbers.Real)
-            or not timeout > 0):
-        raise ValueError(f"{name}: timeout must be a positive number of seconds or "
-                         f"None, got {timeout!r}")
-    return float(timeout)
-
-
-def _chunk_path(directory: Path, i: int) -> Path:
-    return directory / f"chunk_{i:05d}.npz"
-
-
-def _listing(directory: Path) -> set[str]:
-    """The names in `directory` (a fresh listing: on a network file system, a
-    file another host has just renamed into place shows up here)."""
-    try:
-        return set(os.listdir(directory))
-    except FileNotFoundError:
-        return set()
-
-
-def _ranges(indices) -> str:
-    """`[0, 1, 2, 5, 7, 8]` as "0-2, 5, 7-8"."""
-    out, indices = [], sorted(indices)
-    for k, i in enumerate(indices):
-        if k and i == indices[k - 1] + 1:
-            out[-1][1] = i
-        else:
-            out.append([i, i])
-    return ", ".join(str(a) if a == b else f"{a}-{b}" for a, b in out)
-
-
-def _wait_for_manifest(directory: Path, timeout, name: str, process: int,
-                       count: int, peers: _Peers | None = None) -> float:
-    """Wait (up to `timeout` seconds; None: no limit) for process 0 to write the
-    manifest; the seconds waited."""
-    start = time.monotonic()
-    delay = _POLL[0]
-    while _MANIFEST not in _listing(directory):
-        if peers is not None:
-            peers.check()
-        waited = time.monotonic() - start
-        if timeout is not None and waited > timeout:
-            raise TimeoutError(
-                f"{name}: process {process} of {count} waited {waited:.0f} s for "
-                f"{directory / _MANIFEST}, which process 0 writes when it starts the "
-                f"sweep. Check that every process calls map_batches with the same "
-                f"checkpoint, a directory that all processes (all hosts) share, and "
-                f"look for an error in process 0's log; or pass a longer timeout.")
-        time.sleep(delay)
-        delay = min(2 * delay, _POLL[1])
-    return time.monotonic() - start
-
-
-def _open_checkpoint(directory: Path, manifest: dict, name: str,
-                     write: bool = True) -> None:
-    """Create the checkpoint directory and its manifest, or check that the
-    manifest already there describes the same sweep. With `write=False` (the
-    processes other than 0) the manifest must already be there."""
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / _MANIFEST
-    if write and not path.exists():
-        if any(directory.glob("chunk_*.npz")):
-            raise ValueError(f"{name}: {directory} holds chunk files but no "
-                             f"{_MANIFEST}; use an empty directory")
-        _write(path, lambda f: f.write(json.dumps(manifest, indent=1).encode()))
-        return
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError) as e:
-        raise ValueError(f"{name}: cannot read {path} ({e})") from e
-    differ = _differences(saved, manifest)
-    if differ:
-        raise ValueError(
-            f"{name}: the checkpoint in {directory} is of another sweep; it differs "
-            f"in " + "; ".join(differ) + ". Resume with the same inputs, chunk_size "
-            "and key (and fn), or use another (or an emptied) directory.")
-
-
-def _differences(saved: dict, manifest: dict,
-                 labels: tuple[str, str] = ("saved", "now")) -> list[str]:
-    """What differs between two manifests, in words ("the key: saved 'a', now
-    'b'", with `labels` naming the two); the fingerprints by name only."""
-    what = {"format": "the file format", "n": "the batch size",
-            "chunk_size": "the chunk size", "key": "the key",
-            "inputs": "the inputs (values, shapes or dtypes)",
-            "fn_arrays": "the array leaves of fn (values, shapes or dtypes)",
-            "outputs": "fn's output shapes or dtypes",
-            "output_structure": "fn's output structure (its names or nesting)"}
-    return [f"{text}: {labels[0]} {_short(saved.get(k))}, {labels[1]} "
-            f"{_short(manifest[k])}"
-            if k not in ("inputs", "fn_arrays") else text
-            for k, text in what.items() if saved.get(k) != manifest[k]]
-
-
-def _short(value, limit: int = 200) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[:limit - 3] + "..."
-
-
-def _sweep_id(manifest: dict) -> str:
-    """SHA-256 of the manifest: the sweep's fingerprint, stored in every chunk."""
-    return hashlib.sha256(json.dumps(manifest, sort_keys=True).encode()).hexdigest()
-
-
-def _chunk_record(sweep: str, i: int, lo: int, hi: int, paths, arrays) -> dict:
-    """What identifies chunk `i` (rows `lo:hi`) of the sweep `sweep`: stored in its
-    file and checked when it is loaded."""
-    return {"format": _FORMAT, "sweep": sweep, "index": i, "rows": [lo, hi],
-            "items": _fingerprint(paths, [a[lo:hi] for a in arrays])}
-
-
-def _load_chunk(path: Path, structs, record: dict, name: str) -> list[np.ndarray]:
-    """The output leaves saved in `path`, after checking that it holds the chunk
-    `record` describes (its index, rows and items, of this sweep): `ValueError`
-    naming the file and what differs otherwise (a file copied or moved over
-    another, or from another sweep's checkpoint)."""
-    i, (lo, hi) = record["index"], record["rows"]
-    fix = f"Delete it to recompute chunk {i}."
-    try:
-        with np.load(path) as data:
-            leaves = [data[f"arr_{k}"] for k in range(len(structs))]
-            saved = json.loads(str(data[_RECORD])) if _RECORD in data.files else None
-    except Exception as e:  # a damaged file: say which one
-        raise ValueError(f"{name}: cannot read {path} ({e}); delete it to "
-                         f"recompute that chunk") from e
-    if not isinstance(saved, dict):
-        raise ValueError(f"{name}: {path} does not say which chunk it holds (no "
-                         f"{_RECORD!r} entry: not written by {_FORMAT}). {fix}")
-    differ = []
-    if saved.get("sweep") != record["sweep"]:
-        differ.append("it belongs to another sweep (its sweep fingerprint differs "
-                      "from the manifest's)")
-    if saved.get("index") != i or saved.get("rows") != [lo, hi]:
-        rows = saved.get("rows")
-        rows = (f"rows {rows[0]}:{rows[1]}" if isinstance(rows, list)
-                and len(rows) == 2 else "unknown rows")
-        differ.append(f"it holds chunk {saved.get('index')} ({rows}), not chunk {i} "
-                      f"(rows {lo}:{hi})")
-    if saved.get("items") != record["items"]:
-        differ.append(f"its items (input rows) differ from rows {lo}:{hi} of the "
-                      f"inputs")
-    if differ:
-        raise ValueError(f"{name}: {path} is not chunk {i} of this sweep: "
-                         + "; ".join(differ) + f". It may have been copied or "
-                         f"renamed over another chunk file. {fix}")
-    for a, s in zip(leaves, structs):
-        if a.shape != (hi - lo, *s.shape) or a.dtype != s.dtype:
-            raise ValueError(f"{name}: {path} holds an array of shape {a.shape} and "
-                             f"dtype {a.dtype}; expected {(hi - lo, *s.shape)} and "
-                             f"{s.dtype}. {fix}")
-    return leaves
-
-
-class _Peers:
-    """The other processes of a `jax.distributed` run, reached through the
-    distributed runtime's key-value store (keys scoped to one `map_batches` call,
-    the `call`-th of this process; every process makes the same calls in the same
-    order). Each process publishes its sweep's manifest, so that processes called
-    with different arguments all stop at once naming the difference, and a
-    process that fails publishes its error, so that the others stop within a poll
-    instead of waiting `timeout` seconds for its chunks."""
-
-    _calls = 0  # map_batches calls across processes so far, in this process
-
-    def __init__(self, client, process: int, count: int, name: str):
-        self.client, self.process, self.count, self.name = client, process, count, name
-        self.prefix = f"cdiff/map_batches/{_Peers._calls}"
-        _Peers._calls += 1
-
-    @classmethod
-    def join(cls, process: int, count: int, name: str) -> _Peers | None:
-        """None outside `jax.distributed` (or in one process)."""
-        from jax._src import distributed  # the runtime's client: no public API
-
-        client = distributed.global_state.client
-        if count < 2 or client is None:
-            return None
-        return cls(client, process, count, name)
-
-    def agree(self, manifest: dict, timeout) -> None:
-        """Publish this process's manifest and compare it with every other
-        process's: a `ValueError` naming what differs, a `RuntimeError` when
-        another process failed before it got here, a `TimeoutError` naming the
-        processes that have not arrived within `timeout` seconds."""
-        mine = json.dumps(manifest, sort_keys=True)
-        self.client.key_value_set(f"{self.prefix}/args/{self.process}", mine)
-        start, delay, theirs = time.monotonic(), _POLL[0], {}
-        while len(theirs) < self.count - 1:
-            for p in range(self.count):
-                if p == self.process or p in theirs:
-                    continue
-                try:
-                    theirs[p] = json.loads(self.client.key_value_try_get(
-                        f"{self.prefix}/args/{p}"))
-                except Exception:  # not there yet (the runtime's NOT_FOUND)
-                    pass
-            self.check()
-            waited = time.monotonic() - start
-            if len(theirs) < self.count - 1 and timeout is not None and waited > timeout:
-                late = [p for p in range(self.count)
-                        if p != self.process and p not in theirs]
-                raise TimeoutError(
-                    f"{self.name}: process {self.process} of {self.count} waited "
-                    f"{waited:.0f} s for process{'es' if len(late) > 1 else ''} "
-                    f"{', '.join(map(str, late))} to call map_batches. Check that "
-                    f"every process makes the same map_batches calls, and look for "
-                    f"an error in their logs; or pass a longer timeout.")
-            if len(theirs) < self.count - 1:
-                time.sleep(delay)
-                delay = min(2 * delay, _POLL[1])
-        for p, other in sorted(theirs.items()):
-            differ = _differences(other, manifest, (f"process {p}",
-                                                    f"process {self.process}"))
-            if differ:
-                raise ValueError(
-                    f"{self.name}: processes {p} and {self.process} of {self.count} "
-                    f"were called with different arguments; they differ in "
-                    + "; ".join(differ) + ". Every process calls map_batches with the same inputs, "
-                    "chunk_size, key and fn.")
-
-    def check(self) -> None:
-        """A `RuntimeError` if another process has published a failure."""
-        for key, message in self.client.key_value_dir_get(f"{self.prefix}/failed/"):
-            p = int(key.rsplit("/", 1)[-1])
-            if p != self.process:
-                raise RuntimeError(
-                    f"{self.name}: process {p} of {self.count} stopped: {message}. "
-                    f"Process {self.process} stops too; the chunks written stay in "
-                    f"the checkpoint, and a rerun resumes.")
-
-    def fail(self, error: BaseException) -> None:
-        """Publish this process's failure (best effort: the runtime may be gone)."""
-        message = f"{type(error).__name__}: {error}".splitlines()[0]
-        try:
-            self.client.key_value_set(f"{self.prefix}/failed/{self.process}", message,
-                                      allow_overwrite=True)
-        except Exception:
-            pass
 
 
 def _placement(devices, name: str):
@@ -467,13 +202,8 @@ def _sweep_here(fn, inputs, *, chunk_size, checkpoint, key, progress, devices,
     directory = None if checkpoint is None else Path(checkpoint)
     sweep = None
     if directory is not None:
-        manifest = {
-            "format": _FORMAT, "n": n, "chunk_size": size, "chunks": n_chunks,
-            "key": key, "inputs": _fingerprint(paths, arrays),
-            "fn_arrays": _fingerprint(*_arrays_of(fn)),
-            "outputs": [[list(s.shape), s.dtype.str] for s in out_structs],
-            "output_structure": str(out_treedef),
-        }
+        manifest = _manifest(n, size, n_chunks, key, paths, arrays, fn, out_structs,
+                             out_treedef)
         if peers is not None:
             peers.agree(manifest, timeout)
         if process != 0:  # process 0 writes the manifest, the others read it
@@ -545,10 +275,7 @@ def _sweep_here(fn, inputs, *, chunk_size, checkpoint, key, progress, devices,
             for o, a in zip(out, leaves):
                 o[lo:hi] = a
             if directory is not None:
-                record = json.dumps(_chunk_record(sweep, i, lo, hi, paths, arrays))
-                _write(directory / f"chunk_{i:05d}.npz",
-                       lambda f, leaves=leaves, record=record: np.savez(
-                           f, *leaves, **{_RECORD: np.asarray(record)}))
+                _save_chunk(directory, sweep, i, lo, hi, paths, arrays, leaves)
             report.computed.append(i)
             bar.update(hi - lo)
         if others:
@@ -557,48 +284,6 @@ def _sweep_here(fn, inputs, *, chunk_size, checkpoint, key, progress, devices,
                                         lambda i: bar.update(items(i)), peers)
             report.loaded.sort()
     return jax.tree.unflatten(out_treedef, out), report
-
-
-def _gather(directory: Path, missing: list, load: Callable, timeout, name: str,
-            process: int, count: int, loaded: Callable,
-            peers: _Peers | None = None) -> float:
-    """Load the chunks `missing` (the other processes' share) as they appear in
-    `directory`, waiting for them; `TimeoutError` naming those still missing when
-    none has appeared for `timeout` seconds (None: no limit). The seconds spent
-    waiting (not loading)."""
-    missing = list(missing)
-    waited = 0.0
-    last = time.monotonic()  # the last time a chunk appeared
-    delay = _POLL[0]
-    while True:
-        names = _listing(directory)
-        ready = [i for i in missing if _chunk_path(directory, i).name in names]
-        for i in ready:
-            load(i)
-            loaded(i)
-        if ready:
-            missing = [i for i in missing if i not in ready]
-            last, delay = time.monotonic(), _POLL[0]
-        if not missing:
-            return waited
-        if peers is not None:
-            peers.check()
-        idle = time.monotonic() - last
-        if timeout is not None and idle > timeout:
-            owners = sorted({i % count for i in missing})
-            raise TimeoutError(
-                f"{name}: process {process} of {count} has waited {idle:.0f} s "
-                f"without a new chunk in {directory}; chunks {_ranges(missing)} "
-                f"({len(missing)} of them, the share of process"
-                f"{'es' if len(owners) > 1 else ''} "
-                f"{', '.join(map(str, owners))}) are still missing. Check that "
-                f"every process calls map_batches with the same inputs, chunk_size "
-                f"and checkpoint (a directory all hosts share) and look for an "
-                f"error in their logs; rerun to resume, or pass a longer timeout.")
-        start = time.monotonic()
-        time.sleep(delay)
-        waited += time.monotonic() - start
-        delay = min(2 * delay, _POLL[1])
 
 
 def map_batches(
