@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 from pathlib import Path
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -13,16 +13,16 @@ import numpy as np
 from ._model import AbstractModel
 from ._sketch import Sketch
 
-if TYPE_CHECKING:
-    from ._solution import Solution
-    from .models._reference import Reference
+#: What is drawn: a [`cdiff.Solution`][] of one trajectory, or a model's exact
+#: `cdiff.models.Reference` (not imported: both modules build on this one).
+Motion = Any
 
 _SUFFIXES = (".gif", ".mp4")
 
 
 def animate(
     model: AbstractModel,
-    solution: Solution | Reference,
+    solution: Motion,
     path: str | os.PathLike,
     *,
     fps: int | float = 30,
@@ -158,7 +158,7 @@ def check_target(model, path) -> Path:
 
 
 def _frames(
-    model, solution: Solution | Reference, max_frames: int
+    model, solution: Motion, max_frames: int
 ) -> tuple[np.ndarray, Sketch]:
     """The saved times and the sketches (points `(F, P, 2)`) of at most
     `max_frames` finite rows of `solution`, evenly spaced, first and last kept."""

@@ -15,19 +15,28 @@ import numpy as np
 
 from ._formulation.base import AbstractFormulation
 from ._formulation.controller import AbstractStatefulController, check_controller
-from ._formulation.dae import GGL, AbstractDAEFormulation, IndexOne
-from ._formulation.lagrange import Lagrange
-from ._formulation.nullspace import AbstractStateFeedback, NullSpace
-from ._formulation.projection import Projection
-from ._formulation.regularized import Regularized
-from ._formulation.udwadia_kalaba import UdwadiaKalaba
+from ._formulation.dae import AbstractDAEFormulation
+from ._formulation.nullspace import AbstractStateFeedback
 from ._impact import check_restitution
 from ._model import has_energy
 from ._results import is_concrete
 from ._routes import constant_steps
 from ._solution import plain_saveat
-from ._solver.bdf import BDF
+from ._solver.base import declares
 from ._solver.events import start_tolerance
+
+
+def _declaring(base: type, capability: str) -> list[str]:
+    """The names of cdiff's public concrete subclasses of `base` that declare
+    `capability` (for messages)."""
+    found, stack = set(), [base]
+    while stack:
+        cls = stack.pop()
+        stack.extend(cls.__subclasses__())
+        if (cls.__module__.startswith("cdiff.") and not cls.__name__.startswith(
+                ("_", "Abstract")) and getattr(cls, capability, False) is True):
+            found.add(cls.__name__)
+    return sorted(found)
 
 
 def check_formulation(formulation) -> None:
@@ -146,17 +155,18 @@ def check_max_steps(max_steps, t0, t1, dt, *, saveat, bdf: bool, constant: bool,
 def check_solver(formulation, solver, stepsize_controller) -> None:
     """Refuse, before tracing, a formulation and a solver that do not go together."""
     name = type(formulation).__name__
-    if isinstance(solver, BDF) and stepsize_controller is not None:
+    dae_solver = declares(solver, "integrates_dae")
+    if dae_solver and stepsize_controller is not None:
         raise ValueError(
             "cdiff.simulate: cdiff.BDF chooses its own steps (rtol, atol); do not pass "
             "a stepsize_controller with it."
         )
-    if isinstance(formulation, AbstractDAEFormulation) and not isinstance(solver, BDF):
+    if isinstance(formulation, AbstractDAEFormulation) and not dae_solver:
         raise ValueError(
             f"cdiff.simulate: {name} is a DAE formulation; integrate it with "
             "solver=cdiff.BDF(...) (diffrax's solvers take ODEs)."
         )
-    if isinstance(solver, BDF) and formulation.stepwise:
+    if dae_solver and formulation.stepwise:
         raise ValueError(
             f"cdiff.BDF: {name} needs per-step data (frozen corrections or an "
             "end-of-step map), which a multistep method cannot provide; use "
@@ -233,10 +243,9 @@ def check_save_times(saveat, t0, t1) -> None:
 def check_unilateral(model, formulation, solver, stepsize_controller, saveat, adjoint,
                      control, t0, q0) -> int:
     """The number of unilateral rows of `model`; where it has any, checked that the
-    solve can enforce them: an ODE formulation (UdwadiaKalaba, Lagrange,
-    Projection, NullSpace, Regularized) with a diffrax solver (cdiff.RK4,
-    Projected, any of diffrax's), or a DAE formulation (GGL, IndexOne) with
-    cdiff.BDF; the default adjoint (or `diffrax.ForwardMode()`, which
+    solve can enforce them: a formulation that declares `supports_unilateral` (an
+    ODE one with a diffrax solver, cdiff.RK4, Projected or any of diffrax's; a DAE
+    one with cdiff.BDF), the default adjoint (or `diffrax.ForwardMode()`, which
     `choose_route` takes only on cdiff's own RK4 loop), and a `SaveAt` of `t0`, `t1`,
     `steps` or `ts` (not both of the last two). (A start behind a row ends the
     solve with `RESULTS.penetrating_start`; `penetration_message` names the rows.)"""
@@ -249,17 +258,18 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
     name = type(model).__name__
     check_restitution(model.restitution, r[0], f"{name}.restitution")
     unsupported = []
-    dae = type(formulation) in (GGL, IndexOne)
-    if not dae and type(formulation) not in (UdwadiaKalaba, Lagrange, Projection,
-                                             NullSpace, Regularized):
-        unsupported.append(f"the formulation {type(formulation).__name__} (supported: "
-                           "UdwadiaKalaba, Lagrange, Projection, NullSpace, "
-                           "Regularized, GGL, IndexOne)")
+    dae = isinstance(formulation, AbstractDAEFormulation)
+    if not formulation.supports_unilateral:
+        unsupported.append(
+            f"the formulation {type(formulation).__name__}, which does not declare "
+            "supports_unilateral (cdiff's that do: "
+            + ", ".join(_declaring(AbstractFormulation, "supports_unilateral")) + ")")
     if control is not None and isinstance(control, AbstractStatefulController):
         unsupported.append("a stateful controller")
-    if isinstance(solver, BDF) and not dae:
-        unsupported.append("cdiff.BDF with an ODE formulation (BDF takes GGL and "
-                           "IndexOne; the ODE formulations take diffrax's solvers)")
+    if declares(solver, "integrates_dae") and not dae:
+        unsupported.append(f"{type(solver).__name__} with an ODE formulation (it "
+                           "takes DAE formulations, such as GGL and IndexOne; the "
+                           "ODE formulations take diffrax's solvers)")
     if adjoint is not None and not isinstance(adjoint, diffrax.ForwardMode):
         unsupported.append("an adjoint other than the default or "
                            "diffrax.ForwardMode()")
@@ -327,9 +337,8 @@ def check_combination(model, formulation, control, q0, v0, t0) -> None:
                 "cancel the work of `control`; turn the energy correction off with "
                 "a controller."
             )
-    if isinstance(control, AbstractStateFeedback) and not isinstance(
-        formulation, NullSpace
-    ):
+    if (isinstance(control, AbstractStateFeedback)
+            and not formulation.state_feedback):
         raise ValueError(
             f"cdiff: {type(control).__name__} is state feedback on "
             "Yun-Sarkar's null-space state (q, nu) and needs "

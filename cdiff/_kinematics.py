@@ -30,15 +30,15 @@ Notation follows Braun & Goldfarb (2012), eqs. 4-5 and 19.
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float
 
-if TYPE_CHECKING:
-    from ._model import AbstractModel
+#: A [`cdiff.AbstractModel`][] (not imported: `cdiff._model` builds on this module).
+AbstractModel = Any
 
 
 class Kinematics(eqx.Module):
@@ -233,7 +233,14 @@ class Terms:
 
     `v` may be `None` for the position-level terms (`mass_matrix`,
     `input_matrix`, `holonomic_jacobian`).
+
+    **Declarations:** `one_pass`: `True` on a subclass that computes its terms in
+    one evaluation of the model's own computation (MuJoCoModel's MJX pass), so that
+    a solver takes a step's per-step data from its first stage's evaluation instead
+    of evaluating the terms again. Default `False`.
     """
+
+    one_pass: ClassVar[bool] = False
 
     def __init__(self, model: AbstractModel, t, q, v=None):
         self.model = model

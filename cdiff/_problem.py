@@ -10,7 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ._formulation.base import AbstractFormulation, Context
-from ._kinematics import ImpactTerms, Terms
+from ._kinematics import ImpactTerms
 from ._results import error_if
 from ._solution import Solution, Trajectory, build_solution
 from ._reschedule import compute_once
@@ -96,15 +96,15 @@ class Problem(eqx.Module):
         """Whether a one-step solver takes the per-step data from the first
         stage's evaluation (`rate_and_freeze`) instead of calling `freeze`: when
         the formulation reads only the model's terms to freeze, and the model
-        computes its terms in one evaluation of its own (its `terms` returns a
-        subclass of [`cdiff.Terms`][], as a loaded MuJoCo model's does),
+        computes its terms in one evaluation of its own (its `terms` returns
+        [`cdiff.Terms`][] that declare `one_pass`, as a loaded MuJoCo model's do),
         so that the freeze's evaluation would repeat the first stage's. (Terms
         are computed when read: making them here computes nothing.)"""
         if not self.formulation.freezes_from_terms:
             return False
         terms = self.context.model.terms(self.t0, self.q0, self.v0)
         # (The held rows' terms wrap the model's own: theirs decide.)
-        return type(getattr(terms, "base", terms)) is not Terms
+        return getattr(terms, "base", terms).one_pass
 
     def rate_and_freeze(self, t, y, frozen, dt, first) -> tuple[PyTree, PyTree]:
         """The vector field at a stage and the per-step data it used: those of a

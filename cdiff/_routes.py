@@ -16,30 +16,21 @@ import numpy as np
 from ._problem import Problem
 from ._results import is_concrete
 from ._solution import Trajectory, plain_saveat
-from ._solver.base import innermost, replace_innermost
+from ._solver.base import declares, innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_route
 from ._solver.event_segments import (MAX_SEGMENTS, event_bdf_route,
                                      event_diffrax_route)
 from ._solver.events import event_rk4_route
 from ._solver.frozen import diffrax_route
 from ._solver.grid import UniformGrid
-from ._solver.projected import Projected
-from ._solver.rk4 import CHECKPOINT_EVERY_STEP, RK4, SavePlan, blocks_of, rk4_route, save_plan
+from ._solver.rk4 import (CHECKPOINT_EVERY_STEP, SavePlan, blocks_of, rk4_route,
+                          save_plan)
 
 
 def constant_steps(t0, t1, dt) -> int:
     """The number of steps diffrax's `ConstantStepSize` takes from `t0` to `t1`."""
     return int(math.ceil((float(t1) - float(t0)) / float(np.nextafter(dt, np.inf))))
 
-
-# Up to this many constant steps, reverse mode keeps one checkpoint per step (the
-# loop state, times the batch under vmap): the backward pass then recomputes each
-# step once, where diffrax's default O(sqrt(n)) checkpoints recompute most steps
-# twice or more.
-_CHECKPOINT_EVERY_STEP = CHECKPOINT_EVERY_STEP
-# Up to this many, cdiff's own RK4 loop keeps every stage's input instead: its
-# backward pass recomputes single stages, not whole steps.
-_KEEP_STAGES = 4096
 
 # Traced save times (e.g. `jnp.array` inside `jax.jit`) are interpolated by every
 # step (a few multiply-adds each); more of them go through diffrax.
@@ -75,6 +66,10 @@ class OwnRK4Route(AbstractRoute):
     # adjoint=diffrax.ForwardMode(): a plain scan, which jax.jvp differentiates
     # (else reverse mode is the discrete adjoint).
     forward_mode: bool = False
+    # What reverse mode keeps (the solver's options, `cdiff.RK4`): one state per
+    # block, not per step; every stage's input (of the plain scan).
+    checkpoint_blocks: bool = False
+    keep_stages: bool = True
 
     def __call__(self, problem: Problem):
         grid = UniformGrid.build(problem.t0, problem.t1, problem.dt, self.rows + 1)
@@ -83,10 +78,11 @@ class OwnRK4Route(AbstractRoute):
         trajectory = rk4_route(
             problem, grid.ts, steps=self.steps, save_t0=self.save[0],
             save_t1=self.save[1], save_steps=self.save[2], rows=self.rows,
-            keep_stages=self.steps <= _KEEP_STAGES, throw=self.throw,
+            keep_stages=self.keep_stages, throw=self.throw,
             save_ts=save_ts, plan=self.plan, blocks=self.blocks[0],
             block=self.blocks[1], progress=self.progress,
-            forward_mode=self.forward_mode)
+            forward_mode=self.forward_mode,
+            checkpoint_blocks=self.checkpoint_blocks)
         return dataclasses.replace(trajectory, dt=grid.step, dt_taken=grid.step)
 
 
@@ -130,7 +126,8 @@ class EventDiffraxRoute(AbstractRoute):
         save_ts = (None if self.save_ts is None
                    else jnp.asarray(self.save_ts, problem.t0.dtype))
         max_events = MAX_SEGMENTS if self.max_events is None else self.max_events
-        if isinstance(self.solver, BDF):
+        dae = declares(self.solver, "integrates_dae")
+        if dae:
             trajectory = event_bdf_route(
                 problem, self.solver, save=self.save, save_ts=save_ts,
                 max_steps=self.max_steps, throw=self.throw, max_events=max_events)
@@ -139,7 +136,7 @@ class EventDiffraxRoute(AbstractRoute):
                 problem, self.solver, stepsize_controller=self.stepsize_controller,
                 save=self.save, save_ts=save_ts, max_steps=self.max_steps,
                 throw=self.throw, progress=self.progress, max_events=max_events)
-        constant = (not isinstance(self.solver, BDF) and isinstance(
+        constant = (not dae and isinstance(
             self.stepsize_controller, diffrax.ConstantStepSize))
         taken = problem.dt if constant else jnp.asarray(jnp.nan, problem.q0.dtype)
         return dataclasses.replace(trajectory, dt=problem.dt, dt_taken=taken)
@@ -198,29 +195,36 @@ def _ode_route(solver, stepsize_controller, saveat, adjoint, progress, max_steps
     `diffrax.diffeqsolve` with cdiff's default adjoint."""
     steps = _own_loop_steps(solver, stepsize_controller, saveat, adjoint,
                             max_steps, times)
+    every_step = getattr(innermost(solver), "checkpoint_every_step",
+                         CHECKPOINT_EVERY_STEP)
     if steps is not None:
         sub = plain_saveat(saveat)
         save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
         # Nested blocks for save times, the progress bar and long solves (reverse
         # mode then keeps a state per block).
-        blocks = blocks_of(steps, nested=sub.ts is not None or progress
-                           or steps > _CHECKPOINT_EVERY_STEP)
-        forward = isinstance(adjoint, diffrax.ForwardMode)
+        long = steps > every_step
+        blocks = blocks_of(steps, nested=sub.ts is not None or progress or long)
+        options = {"forward_mode": isinstance(adjoint, diffrax.ForwardMode),
+                   "checkpoint_blocks": long,
+                   "keep_stages": steps <= solver.keep_stages}
         if sub.ts is None:
             return OwnRK4Route(steps, save, max_steps, throw, progress, blocks,
-                               forward_mode=forward)
+                               **options)
         if not is_concrete(sub.ts):  # each step interpolates at every time
             return OwnRK4Route(steps, save, max_steps, throw, progress, blocks, sub.ts,
-                               forward_mode=forward)
+                               **options)
         t0, t1, _ = (float(x) for x in times)
         plan = save_plan(np.asarray(sub.ts), t0, t1, steps, *blocks)
         return OwnRK4Route(steps, save, max_steps, throw, progress, blocks,
-                           np.asarray(sub.ts), plan, forward_mode=forward)
+                           np.asarray(sub.ts), plan, **options)
     constant = isinstance(stepsize_controller, diffrax.ConstantStepSize)
     if adjoint is None:
-        every_step = constant and max_steps <= _CHECKPOINT_EVERY_STEP
+        # Up to `every_step` constant steps, one checkpoint per step (the loop
+        # state, times the batch under vmap): the backward pass then recomputes
+        # each step once, where diffrax's default O(sqrt(n)) checkpoints recompute
+        # most steps twice or more.
         adjoint = diffrax.RecursiveCheckpointAdjoint(
-            checkpoints=max_steps if every_step else None
+            checkpoints=max_steps if constant and max_steps <= every_step else None
         )
     inner = innermost(solver)
     if isinstance(adjoint, diffrax.ForwardMode) and isinstance(
@@ -262,7 +266,7 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
     `_TRACED_SAVE_TIMES` traced ones)."""
     sub = plain_saveat(saveat)
     if not (
-        type(solver) is RK4
+        declares(solver, "own_loop")
         and solver.fast_paths
         and isinstance(stepsize_controller, diffrax.ConstantStepSize)
         and (adjoint is None or isinstance(adjoint, diffrax.ForwardMode))
@@ -291,13 +295,13 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
     if unilateral:
         sub = plain_saveat(saveat)
         save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
-        if isinstance(solver, BDF):
+        if declares(solver, "integrates_dae"):
             if progress:
                 raise ValueError("cdiff.simulate: progress=True is not supported "
                                  "with cdiff.BDF")
             return EventDiffraxRoute(solver, None, save, sub.ts, max_steps, throw,
                                      max_events=max_events)
-        projected = type(solver) is Projected
+        projected = declares(solver, "projects_steps")
         steps = _own_loop_steps(solver.solver if projected else solver,
                                 stepsize_controller, saveat, adjoint, max_steps, times)
         if steps is not None and sub.ts is None:
@@ -323,7 +327,7 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
                                  throw, reschedule=getattr(innermost(solver),
                                                            "fast_paths", True),
                                  progress=progress, max_events=max_events)
-    if isinstance(solver, BDF):
+    if declares(solver, "integrates_dae"):
         return _bdf_route(solver, saveat, adjoint, progress, max_steps, throw=throw)
     return _ode_route(solver, stepsize_controller, saveat, adjoint, progress,
                       max_steps, throw, times)

@@ -250,11 +250,9 @@ def test_own_loop_progress_bar(monkeypatch, capfd):
 
 
 def test_own_loop_long_solve_checkpoints_blocks(monkeypatch):
-    """Beyond CHECKPOINT_EVERY_STEP steps (lowered here to 16), reverse mode keeps one
-    state per block and recomputes the block's steps: the same gradient as one
-    state per step and as diffrax."""
-    from cdiff._solver import rk4
-
+    """Beyond `checkpoint_every_step` steps (16 here), reverse mode keeps one state
+    per block and recomputes the block's steps: the same gradient as one state per
+    step and as diffrax (whose default adjoint then takes sqrt(n) checkpoints)."""
     q0, v0 = cdiff.models.ParticleOnCircle(g=9.81, speed=0.0).initial_state()
 
     def grad(solver=None):  # a new function each time: traced with the current bounds
@@ -266,17 +264,18 @@ def test_own_loop_long_solve_checkpoints_blocks(monkeypatch):
         return jax.jit(jax.grad(loss))(9.81)
 
     per_step = grad()
-    monkeypatch.setattr(rk4, "CHECKPOINT_EVERY_STEP", 16)
-    monkeypatch.setattr(_routes, "_CHECKPOINT_EVERY_STEP", 16)
-    monkeypatch.setattr(_routes, "_KEEP_STAGES", 0)
     routes = _route(monkeypatch)
-    own, general = _both(grad)
+    blocks = dict(checkpoint_every_step=16, keep_stages=0)
+    own = grad(cdiff.RK4(**blocks))
+    general = grad(cdiff.RK4(fast_paths=False, **blocks))
     assert routes == ["OwnRK4Route", "DiffraxRoute"]
     assert abs(float(per_step)) > 1e-2
     np.testing.assert_allclose(own, per_step, rtol=5e-16)  # measured 1.6e-16
     # Two programs: equal with XLA's default fusion emitter, 3.3e-16 apart (1.5
     # ulp) with the suite's (conftest.py).
     np.testing.assert_allclose(own, general, rtol=1e-15, atol=0)
+    with pytest.raises(ValueError, match="checkpoint_every_step must be an int"):
+        cdiff.RK4(checkpoint_every_step=-1)
 
 
 @pytest.mark.parametrize("save", ["default", "t1", "ts"])
@@ -298,20 +297,21 @@ def test_own_loop_failure_as_diffrax(save):
                        t1=2.0, dt=0.1)
 
 
-def test_own_loop_forward_and_reverse_mode_agree(monkeypatch):
+def test_own_loop_forward_and_reverse_mode_agree():
     # Both through the own loop: reverse mode by the discrete adjoint (default),
     # forward mode through the plain scan (adjoint=ForwardMode()); their agreement
     # with finite differences is tests/test_gradients.py's subject.
     q0, v0 = MODEL.initial_state()
 
-    def loss(g, length, adjoint=None):
+    def loss(g, length, adjoint=None, solver=None):
         model = cdiff.models.SliderCrank(g=g, l=length)
         sol = cdiff.simulate(model, cdiff.Lagrange(), q0, v0, t1=0.2, dt=0.01,
-                             saveat=cdiff.SaveAt(t1=True), adjoint=adjoint)
+                             saveat=cdiff.SaveAt(t1=True), adjoint=adjoint,
+                             solver=solver)
         return model.slider(sol.q[-1])
 
-    def plain(g, length):
-        return loss(g, length, diffrax.ForwardMode())
+    def plain(g, length, solver=None):
+        return loss(g, length, diffrax.ForwardMode(), solver)
 
     reverse = jax.jit(jax.grad(loss, argnums=(0, 1)))(9.81, 1.0)
     forward = jax.jit(jax.jacfwd(plain, argnums=(0, 1)))(9.81, 1.0)
@@ -320,8 +320,8 @@ def test_own_loop_forward_and_reverse_mode_agree(monkeypatch):
     # The discrete adjoint against JAX's reverse mode of the plain scan, storing
     # every stage's input or one state per step: the same derivative.
     for keep in (4096, 0):
-        monkeypatch.setattr(_routes, "_KEEP_STAGES", keep)
-        scan = jax.jit(jax.grad(plain, argnums=(0, 1)))(9.81, 1.0)
+        scan = jax.jit(jax.grad(plain, argnums=(0, 1)))(9.81, 1.0,
+                                                       cdiff.RK4(keep_stages=keep))
         np.testing.assert_allclose(scan, reverse, rtol=5e-16)
     # Forward mode with the default (reverse-mode) adjoint is refused by name.
     with pytest.raises(TypeError, match="adjoint=diffrax.ForwardMode"):

@@ -76,7 +76,8 @@ def kkt(model, t, q, v, f):
     k = A.shape[0]
     K = jnp.block([[model.mass_matrix(t, q), A.T], [A, jnp.zeros((k, k), q.dtype)]])
     x = jnp.linalg.solve(K, jnp.concatenate([f, b]))
-    return x[:2], -x[2:], A
+    n = f.shape[0]
+    return x[:n], -x[n:], A
 
 
 # -- AbstractFormulation ---------------------------------------------------------
@@ -104,6 +105,76 @@ def test_user_formulation():
     # As an extra: the same ODE as cdiff's Lagrange without Baumgarte terms.
     lagrange = run(cdiff.Lagrange())
     assert np.abs(np.asarray(lagrange.q) - q).max() < 2e-14  # measured 2.3e-15
+
+
+class KKTWithRows(cdiff.AbstractFormulation):
+    """The KKT system solved in the least-squares sense, declared able to take
+    unilateral rows: it enforces whatever holonomic rows its model has, the held
+    ones included, and a row not held (a zero row) gets a zero multiplier."""
+
+    supports_unilateral = True
+
+    def dynamics(self, t, y, context, frozen):
+        q, v = y
+        model = context.model
+        kin = cdiff.kinematics(model, t, q, v)
+        A, b = kin.A_v, kin.b_v
+        n, k = q.shape[0], A.shape[0]
+        K = jnp.block([[model.mass_matrix(t, q), A.T], [A, jnp.zeros((k, k), q.dtype)]])
+        x = jnp.linalg.pinv(K) @ jnp.concatenate([model.forces(t, q, v), b])
+        a, lam = x[:n], -x[n:]
+        return cdiff.Dynamics(rate=(v, a), force=A.T @ lam, multipliers=lam)
+
+
+class PendulumAndWall(CartesianPendulum):
+    """The pendulum and a wall at x = -a it swings into (perfectly plastic)."""
+
+    a: float = 0.5
+    restitution: float = 0.0
+
+    def unilateral(self, t, q):
+        return jnp.array([q[0] + self.a])
+
+
+def test_a_formulation_outside_the_package_declares_what_it_supports():
+    """Adding a formulation is its own class and nothing else: what it can do is
+    read from its declarations (here `supports_unilateral`) by the checks and the
+    route choice, and it runs through `simulate` with events and through a study."""
+    wall = PendulumAndWall()
+    with pytest.raises(ValueError, match="PlainKKT, which does not declare "
+                                         "supports_unilateral"):
+        cdiff.simulate(wall, PlainKKT(), Q0, V0, t1=T1, dt=DT)
+    sol = cdiff.simulate(wall, KKTWithRows(), Q0, V0, t1=T1, dt=DT)
+    assert sol.succeeded
+    # The first impact against the angle ODE's event by DOP853 at 1e-12: the bob
+    # reaches x = -a at theta = -asin(a / l).
+    ref = solve_ivp(lambda t, y: [y[1], -G / L * np.sin(y[0])], (0.0, T1),
+                    [THETA0, 0.0], method="DOP853", rtol=1e-12, atol=1e-12,
+                    events=lambda t, y: L * np.sin(y[0]) + wall.a)
+    events = sol.stats["events"]
+    assert int(events.count) >= 1
+    np.testing.assert_allclose(float(events.t[0]), ref.t_events[0][0], rtol=0,
+                               atol=1e-10)
+    # Plastic, and the rod leaves the bob no other motion: it stops dead there
+    # (and gravity swings it back). cdiff's own Lagrange (the same ODE without
+    # Baumgarte terms) agrees with it through the event.
+    assert np.abs(np.asarray(events.v_before[0])).max() > 1.0
+    assert np.abs(np.asarray(events.v_after[0])).max() < 1e-10
+    lagrange = cdiff.simulate(wall, cdiff.Lagrange(), Q0, V0, t1=T1, dt=DT)
+    np.testing.assert_allclose(np.asarray(sol.q), np.asarray(lagrange.q), rtol=0,
+                               atol=1e-12)
+    # A study runs it beside cdiff's own: RK4's fourth order on the slider-crank,
+    # the same errors as Lagrange's (the same ODE).
+    study = cdiff.studies.step_size_study(
+        cdiff.models.SliderCrank(), {"KKT": KKTWithRows(), "Lagrange":
+                                     cdiff.Lagrange()}, [2e-2, 1e-2], 1.0,
+        n_save=50, time_each=False, progress=False)
+    kkt_error = study.where(formulation="KKT")["max_error"]
+    coarse, fine = kkt_error
+    assert 10 < coarse / fine < 24  # fourth order: 16
+    np.testing.assert_allclose(
+        kkt_error, study.where(formulation="Lagrange")["max_error"],
+        rtol=1e-6)
 
 
 # -- AbstractDAEFormulation ------------------------------------------------------

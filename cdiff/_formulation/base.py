@@ -107,10 +107,29 @@ class AbstractFormulation(eqx.Module):
       the step start, which the first stage's vector field evaluates anyway: its
       `vector_field_and_freeze` then takes both from one evaluation. Default
       `False`.
+    - `supports_unilateral`: `True` when the formulation integrates a model with
+      unilateral rows: `simulate` appends them to the model's holonomic rows, a
+      held row as itself and a row not held as a zero row (fixed shapes under
+      `vmap`), and after an impact or a change of the held rows it calls
+      `restart`. A formulation that enforces the holonomic rows it is given at
+      every state, and tolerates rank-deficient ones (a pseudoinverse, as cdiff's
+      own), can set it. Default `False` (a solve of a model with unilateral rows is then refused
+      before tracing, naming the formulation).
+    - `state_feedback`: `True` when the formulation evaluates a state-feedback
+      controller ([`cdiff.control.AbstractStateFeedback`][]) on its own state, as
+      [`cdiff.NullSpace`][] does on Yun-Sarkar's $(q, \nu)$. Default `False`.
+
+    **Hooks** (methods with defaults, overridden where a formulation needs them):
+    `freeze`, `vector_field_and_freeze`, `dynamics_and_freeze`, `bind`, `prepare`,
+    `init_state`, `coordinates`, `project`, `end_step`, `restart`. Only `dynamics`
+    must be written; a formulation whose state is not `(q, v)` overrides
+    `init_state`, `coordinates` and `project` together.
     """
 
     stepwise: ClassVar[bool] = False
     freezes_from_terms: ClassVar[bool] = False
+    supports_unilateral: ClassVar[bool] = False
+    state_feedback: ClassVar[bool] = False
 
     @property
     def corrects_energy(self) -> bool:

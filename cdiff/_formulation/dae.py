@@ -15,6 +15,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import warnings
+from typing import ClassVar
 
 import equinox as eqx
 import jax
@@ -334,6 +335,8 @@ class GGL(AbstractDAEFormulation):
         constrained robotics system simulation* (1998), eqs. 15-23.
     """
 
+    supports_unilateral: ClassVar[bool] = True
+
     variant: str = eqx.field(static=True, default="mass")
 
     def __check_init__(self):
@@ -398,6 +401,8 @@ class IndexOne(AbstractDAEFormulation):
     the initial condition and drift with the integration error (use [`cdiff.GGL`][]
     to keep them).
     """
+
+    supports_unilateral: ClassVar[bool] = True
 
     def algebraic_sizes(self, nv, m, k):
         return (nv, k)  # w, lambda

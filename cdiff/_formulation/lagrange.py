@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import equinox as eqx
 import jax.numpy as jnp
 
@@ -64,6 +66,8 @@ class Lagrange(AbstractFormulation):
         R. Costa-Castelló, R. Griñó, L. Basañez, *DAE methods in constrained
         robotics system simulation* (1998), eqs. 24-25.
     """
+
+    supports_unilateral: ClassVar[bool] = True
 
     alpha: float | jnp.ndarray = 0.0
     beta: float | jnp.ndarray = 0.0

@@ -146,6 +146,9 @@ class NullSpace(AbstractFormulation):
         (1998), eqs. 17-39.
     """
 
+    supports_unilateral: ClassVar[bool] = True
+    state_feedback: ClassVar[bool] = True  # calls AbstractStateFeedback.feedback
+
     alpha: float | jax.Array = 0.0
     dof: int | None = eqx.field(static=True, default=None)
     rtol: float | None = eqx.field(static=True, default=None)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 import equinox as eqx
 import jax
@@ -114,6 +114,8 @@ class Projection(AbstractFormulation):
         applications to control and simulation*, IEEE Trans. Robotics 21 (2005),
         eqs. 4, 13-16, 21-32.
     """
+
+    supports_unilateral: ClassVar[bool] = True
 
     inertia: str = eqx.field(static=True, default="Mc")
     gamma: float | None = None

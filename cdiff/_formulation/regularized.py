@@ -2,6 +2,8 @@ r"""Petzold's regularised least-squares constraint force (Costa-Castello eqs. 32
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -48,6 +50,8 @@ class Regularized(AbstractFormulation):
       1e-8. Singular values of $\varphi$ below $\sqrt\epsilon$ are filtered out.
     - `h`: the prediction horizon $h > 0$ (s), default 1e-2.
     """
+
+    supports_unilateral: ClassVar[bool] = True
 
     eps: float | jnp.ndarray = 1e-8
     h: float | jnp.ndarray = 1e-2

@@ -92,6 +92,8 @@ class UdwadiaKalaba(AbstractFormulation):
         Proc. R. Soc. A 439 (1992).
     """
 
+    supports_unilateral: ClassVar[bool] = True
+
     constraint_correction: bool = eqx.field(static=True, default=True)
     energy_correction: bool = eqx.field(static=True, default=False)
     energy_damping: float = 0.0

@@ -1,4 +1,5 @@
-"""A diffrax solver wrapper that forwards everything but `step` to the solver it wraps."""
+"""A diffrax solver wrapper that forwards everything but `step` to the solver it
+wraps, and how `simulate` reads what a solver declares it can do."""
 
 from __future__ import annotations
 
@@ -59,6 +60,23 @@ class AbstractForwardingSolver(diffrax.AbstractWrappedSolver):
 
     def func(self, terms, t0, y0, args):
         return self.solver.func(terms, t0, y0, args)
+
+
+def declares(solver, capability: str) -> bool:
+    """Whether `solver`'s class declares `capability` (a class attribute set to
+    `True`). cdiff's solvers declare what `simulate` may do with them:
+
+    - `own_loop` ([`cdiff.RK4`][]): the classic RK4 step, which `simulate` may run
+      in cdiff's own constant-step loop instead of `diffrax.diffeqsolve`;
+    - `integrates_dae` ([`cdiff.BDF`][]): not a diffrax solver; it integrates DAE
+      formulations (and ODE ones without per-step data) by its own route, and
+      chooses its own steps;
+    - `projects_steps` ([`cdiff.Projected`][]): a wrapper whose `projection` maps
+      the state after every step of the solver it wraps, which cdiff's event loop
+      applies itself.
+
+    A solver from elsewhere (diffrax's) declares none of them."""
+    return getattr(type(solver), capability, False) is True
 
 
 def innermost(solver: diffrax.AbstractSolver) -> diffrax.AbstractSolver:

@@ -44,7 +44,7 @@ derivative with the tolerance. With `adjoint=diffrax.ForwardMode()` the loop is 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, ClassVar
 
 import equinox as eqx
 import equinox.internal as eqxi
@@ -82,7 +82,12 @@ class BDF(eqx.Module):
       step ends just before each (so it sees the left limit) and the method restarts
       just after it at order 1, from a state made consistent with the new equations
       (as diffrax's `jump_ts`).
+
+    **Declarations:** `integrates_dae = True`: not a diffrax solver; `simulate`
+    integrates with it by its own route.
     """
+
+    integrates_dae: ClassVar[bool] = True
 
     rtol: float | Float[Array, ""] = 1e-6
     atol: float | Float[Array, ""] = 1e-6

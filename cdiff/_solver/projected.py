@@ -7,6 +7,8 @@ projections of `cdiff._projection`.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import diffrax
 import jax
 
@@ -48,8 +50,12 @@ class Projected(AbstractForwardingSolver):
 
     - `solver`: the diffrax solver to wrap (e.g. [`cdiff.RK4`][]).
     - `projection`: a [`cdiff.AbstractProjection`][].
+
+    **Declarations:** `projects_steps = True`: every step of `solver` is followed by
+    `projection` (cdiff's event loop, which takes the steps itself, applies it).
     """
 
+    projects_steps: ClassVar[bool] = True
     solver: diffrax.AbstractSolver
     projection: AbstractProjection
 

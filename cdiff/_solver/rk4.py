@@ -43,13 +43,27 @@ class RK4(diffrax.AbstractERK):
     prefer `diffrax.Tsit5` or `diffrax.Dopri5` for adaptive stepping. Dense output
     is cubic Hermite from the first and last stage, a fourth-order-accurate
     interpolant only at the step ends.
+
+    **Declarations:** `own_loop = True`: [`cdiff.simulate`][] may run it in cdiff's
+    own loop (see `fast_paths`). A subclass that changes the step sets it `False`.
     """
 
+    #: cdiff's own constant-step loop may take this solver's steps.
+    own_loop: ClassVar[bool] = True
     tableau: ClassVar[diffrax.ButcherTableau] = _rk4_tableau
     interpolation_cls: ClassVar[
         Callable[..., ThirdOrderHermitePolynomialInterpolation]
     ] = ThirdOrderHermitePolynomialInterpolation.from_k
     fast_paths: bool = eqx.field(default=True, static=True)
+    checkpoint_every_step: int = eqx.field(default=16_384, static=True)
+    keep_stages: int = eqx.field(default=4096, static=True)
+
+    def __check_init__(self):
+        for name in ("checkpoint_every_step", "keep_stages"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool)
+                    and value >= 0):
+                raise ValueError(f"RK4: {name} must be an int >= 0, got {value!r}")
 
     def order(self, terms):
         del terms
@@ -65,6 +79,15 @@ RK4.__init__.__doc__ = """**Arguments:**
   transcendental function once (XLA would recompute it in every consumer). The
   results are the same. `False` takes `diffrax.diffeqsolve` with the vector field
   as written: the plain implementation, to compare the fast paths with.
+- `checkpoint_every_step`: up to this many constant steps (default 16384), reverse
+  mode keeps one state per step and recomputes each step once in the backward
+  pass; beyond, it keeps one state per block of about sqrt(steps) steps and
+  recomputes a block's steps from it (memory about 2 sqrt(steps) states, time
+  about one more forward pass). On `diffrax.diffeqsolve` (`fast_paths=False`) the
+  same bound sets the checkpoints of the default adjoint.
+- `keep_stages`: with `adjoint=diffrax.ForwardMode()` on cdiff's loop, up to this
+  many steps (default 4096) JAX's reverse mode of the plain scan stores the four
+  stage inputs of every step; beyond, one state per step (its stages recomputed).
 """
 
 
@@ -216,7 +239,8 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
               save_steps: bool, save_t1: bool, rows: int, keep_stages: bool = False,
               save_ts=None, plan: SavePlan | None = None, blocks: int = 1,
               block: int | None = None, progress: bool = False,
-              rate_and_freeze=None, forward_mode: bool = False):
+              rate_and_freeze=None, forward_mode: bool = False,
+              checkpoint_blocks: bool | None = None):
     r"""Constant-step RK4 in `jax.lax.scan`s: what `diffrax.diffeqsolve` does with
     [`RK4`][], `FrozenStep` and a constant step, without its general machinery
     (the buffer of all stages, the adaptive step loop, dense output). Used by
@@ -241,8 +265,9 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
       the states the solve keeps (after the end-of-step map).
     - `blocks`, `block`: the steps run as `blocks` scans of `block` steps (the
       last one padded with steps that change nothing); with `plan`, its blocks.
-      Beyond 16384 steps reverse mode keeps one state per block and recomputes a
-      block's steps from it (memory: about 2 sqrt(steps) states).
+      With `checkpoint_blocks` (default: beyond `CHECKPOINT_EVERY_STEP` = 16384
+      steps) reverse mode keeps one state per block and recomputes a block's
+      steps from it (memory: about 2 sqrt(steps) states).
     - `progress`: a progress bar (tqdm, as diffrax's `TqdmProgressMeter` draws
       it), updated between blocks (about 20 times) with the slowest trajectory's
       share of steps, by one host callback for a whole `vmap`ped batch.
@@ -311,7 +336,8 @@ def rk4_solve(rate, freeze, end_step, ts, y0, *, steps: int, save_t0: bool,
         taken = taken + running.astype(taken.dtype)
         return (y, result, last, taken), out
 
-    long = steps > CHECKPOINT_EVERY_STEP
+    long = (steps > CHECKPOINT_EVERY_STEP if checkpoint_blocks is None
+            else checkpoint_blocks)
     if forward_mode and not keep_stages:
         body = jax.checkpoint(body, prevent_cse=False)
     scan = jax.lax.scan if forward_mode else adjoint_scan
@@ -410,7 +436,8 @@ def rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
               save_steps: bool, save_t1: bool, rows: int, keep_stages: bool,
               throw: bool, save_ts=None, plan: SavePlan | None = None,
               blocks: int = 1, block: int | None = None,
-              progress: bool = False, forward_mode: bool = False) -> Trajectory:
+              progress: bool = False, forward_mode: bool = False,
+              checkpoint_blocks: bool | None = None) -> Trajectory:
     """Integrate `problem` by [`rk4_solve`][] on the step times `grid_ts`: the route
     of [`cdiff.simulate`][] for constant-step RK4 known before tracing."""
     ts, ys, result, taken = rk4_solve(
@@ -420,7 +447,7 @@ def rk4_route(problem: Problem, grid_ts, *, steps: int, save_t0: bool,
         blocks=blocks, block=block, progress=progress,
         rate_and_freeze=(problem.rate_and_freeze
                          if problem.freezes_at_first_stage else None),
-        forward_mode=forward_mode,
+        forward_mode=forward_mode, checkpoint_blocks=checkpoint_blocks,
     )
     if throw:
         ts = result.error_if(ts, result != diffrax.RESULTS.successful)

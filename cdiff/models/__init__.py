@@ -4,8 +4,6 @@ with its paper's parameters, `initial_state()`, an independent tight-tolerance
 reference); the shipped MJCF mechanisms (`MJCF_LIBRARY`, measured by
 `cdiff.studies.acceptance`) and `from_mujoco` for MuJoCo models."""
 
-import warnings as _warnings
-
 from ._double_four_bar import DoubleFourBar as DoubleFourBar
 from ._library import MJCF_DIR as MJCF_DIR
 from ._library import MJCF_LIBRARY as MJCF_LIBRARY
@@ -38,13 +36,3 @@ MODELS = {
 """Command-line names of the reference models (`cdiff run NAME`), mapped to their
 classes."""
 
-
-def __getattr__(name: str):
-    # Deprecated: `acceptance` runs simulations, so it moved up to the studies.
-    if name == "acceptance":
-        _warnings.warn("cdiff.models.acceptance is now cdiff.studies.acceptance",
-                       DeprecationWarning, stacklevel=2)
-        from ..studies import acceptance  # a deprecation alias, the one upward import
-
-        return acceptance
-    raise AttributeError(f"module 'cdiff.models' has no attribute {name!r}")

@@ -11,7 +11,7 @@ import os
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, NamedTuple
+from typing import Any, ClassVar, NamedTuple
 
 import equinox as eqx
 import jax
@@ -783,6 +783,8 @@ class _MJXTerms(Terms):
     tendon equalities on tendons that wrap around geoms (MJX has no `tendon_dot`
     for them) and an energy law at a coordinate rate other than `v`.
     """
+
+    one_pass: ClassVar[bool] = True  # every term from one MJX pass
 
     def __init__(self, model: MuJoCoModel, t, q, v=None):
         super().__init__(model, t, q, v)
