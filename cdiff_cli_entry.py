@@ -308,7 +308,7 @@ def check_model(args, parser, models=MODELS, mechanisms=MJCF_MECHANISMS) -> None
 
 def check_formulation(args, parser) -> None:
     """`cdiff run`: `parser.error` on options that do not belong to
-    `--formulation` (`cdiff.cli._formulation` builds it)."""
+    `--formulation` (`cdiff.cli._cases.formulation` builds it)."""
     dae = args.formulation in DAE_FORMULATIONS
     if (args.rtol is not None or args.atol is not None) and not dae:
         parser.error("--rtol and --atol apply to the DAE formulations ("

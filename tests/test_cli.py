@@ -18,7 +18,7 @@ import cdiff_cli_entry
 # private on purpose: the TeX-to-text converter of `cdiff list` and the figure
 # layout of `cdiff run` are kernels that no public call returns.
 from cdiff import cli
-from cdiff.cli import _figure
+from cdiff.cli import _figure, _outputs, _solve
 from cdiff.cli import _plain_text
 
 
@@ -423,7 +423,7 @@ def test_out_is_checked_before_the_run(where, words, tmp_path, capsys, monkeypat
     (tmp_path / "dir-in-the-way" / "slider-crank.png").mkdir(parents=True)
     if where == "read-only":  # (root may write anywhere: os.access is what asks)
         (tmp_path / where).mkdir()
-        monkeypatch.setattr(cli.os, "access", lambda path, mode: False)
+        monkeypatch.setattr(_outputs.os, "access", lambda path, mode: False)
     before = sorted(tmp_path.rglob("*"))
     for argv in (["run", "slider-crank"], ["study", "step-size", "slider-crank"]):
         if where == "dir-in-the-way" and argv[0] == "study":
@@ -1030,7 +1030,7 @@ def test_start_up_time_reaches_the_table(monkeypatch):
             return self
 
     monkeypatch.setattr(cli, "Interrupt", Quiet)
-    monkeypatch.setattr(cli, "_run", lambda args, parser, p: phases.append(p) or 0)
+    monkeypatch.setattr(cli._run, "run", lambda args, parser, p: phases.append(p) or 0)
     args = cli._parser().parse_args(["run", "slider-crank"])
     assert cli.main(args=args, started=time.perf_counter() - 5.0) == 0
     (p,) = phases
@@ -1109,7 +1109,7 @@ def test_run_with_limits_reports_impacts_apart(monkeypatch, tmp_path, capsys):
     keeps it, and says so (it said "(no figure)")."""
     case = cli._Case("ball", _Ball(), np.array([0.2, 1.0]), np.zeros(2), 0.5, 0.01,
                      None, None, ("height [m]", "still [m]"))
-    monkeypatch.setattr(cli, "_case", lambda args, parser: case)
+    monkeypatch.setattr(_solve, "case", lambda args, parser: case)
     kept = []
     start = cli._Phases.start
 
