@@ -264,3 +264,24 @@ def test_log_plot_shows_zeros_and_failures_on_the_edges():
         True, False)  # x in data, y on the axes
     # Panels where every value is positive and finite have no edge markers.
     assert fig.axes[2].get_legend() is None
+
+
+def test_null_space_without_dof_is_bound_as_simulate_binds_it():
+    """`NullSpace()` reads its number of degrees of freedom from the initial state
+    (`bind`, which `simulate` calls before tracing); the studies trace the step
+    size, so they bind it first too: the rows of `NullSpace()` equal those of
+    `NullSpace(dof=1)` (R2 has one), and a separate simulation's measures."""
+    dts = DTS[:2]
+    bound = cdiff.studies.step_size_study(
+        MODEL, {"free": cdiff.NullSpace(), "given": cdiff.NullSpace(dof=1)}, dts, T1,
+        n_save=N_SAVE, time_each=False, progress=False)
+    free, given = bound.where(formulation="free"), bound.where(formulation="given")
+    for c in COLUMNS:
+        np.testing.assert_array_equal(free[c], given[c])
+    expected = _independent(_separate(cdiff.NullSpace(dof=1), jnp.asarray(dts[0])))
+    np.testing.assert_allclose([free[c][0] for c in COLUMNS], expected, rtol=1e-12,
+                               atol=2e-14)
+    sweep = cdiff.studies.gain_sweep(MODEL, cdiff.NullSpace(), {"alpha": [0.0, 5.0]},
+                                     dts, T1, n_save=N_SAVE, progress=False)
+    assert np.all(np.isfinite(sweep["max_error"]))
+    assert sweep.best_formulation().dof == 1

@@ -193,6 +193,9 @@ def gain_sweep(
     dts = _check_dts(dts, float(t1))
     setup = _setup(model, t1, n_save, initial_state)
     check_combination(model, formulation, None, setup.q0, setup.v0, 0.0)
+    # Static choices from the initial state, as simulate makes them (NullSpace's
+    # number of degrees of freedom; a DAE's independent rows).
+    formulation = formulation.bind(model, 0.0, setup.q0, setup.v0)
     solver = RK4() if solver is None else solver
     names = list(gains)
     grid = list(itertools.product(*(np.atleast_1d(np.asarray(gains[n], float))

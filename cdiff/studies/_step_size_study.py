@@ -166,8 +166,11 @@ def step_size_study(
     title = (f"{type(model).__name__}: accuracy vs step size, t1 = {float(t1):g} s, "
              f"{type(solver).__name__}")
     for name in _progress(list(named), progress, "step-size study"):
+        formulation = named[name]
+        if isinstance(formulation, AbstractFormulation):  # static choices, as simulate
+            formulation = formulation.bind(model, 0.0, setup.q0, setup.v0)
         measures, compile_time, batch_time, each = _run(
-            model, named[name], solver, setup, dts, time_each, repeat, vmap)
+            model, formulation, solver, setup, dts, time_each, repeat, vmap)
         for i, dt in enumerate(dts):
             rows["formulation"].append(name)
             rows["dt"].append(dt)
