@@ -113,7 +113,7 @@ def main(cache: str, source_hash: str) -> None:
     persistent cache answered, and the result."""
     from cdiff import _export
 
-    _export.cdiff_source_hash = lambda: source_hash
+    _export._process.cdiff_source_hash = lambda: source_hash
     configure()
     cdiff.use_compilation_cache(cache)
     hits = []

@@ -1,5 +1,5 @@
 """`cdiff.cached_jit`: programs kept on disk as `jax.export` programs, found by a
-key computed without tracing (cdiff/_export.py).
+key computed without tracing (the package cdiff/_export).
 
 Checked against independent truth: results against `eqx.filter_jit`'s, traces
 counted by a side effect in the traced function (an attribute of the function,
@@ -37,7 +37,7 @@ X = jnp.array([1.0, 2.0, 3.0])
 
 @pytest.fixture(autouse=True)
 def _fixed_source_hash(monkeypatch):
-    monkeypatch.setattr(_export, "cdiff_source_hash", lambda: SOURCE_HASH)
+    monkeypatch.setattr(_export._process, "cdiff_source_hash", lambda: SOURCE_HASH)
 
 
 def _set_cache(directory, min_compile_time) -> None:
@@ -200,10 +200,10 @@ CHANGES = {
     "a setting bound": lambda mp: (functools.partial(energy, scale=2.0),
                                    (spring(), X), {}),
     "a global it reads": lambda mp: _patched(mp, subjects, "OFFSET", 1.0),
-    "cdiff's source": lambda mp: _patched(mp, _export, "cdiff_source_hash",
+    "cdiff's source": lambda mp: _patched(mp, _export._process, "cdiff_source_hash",
                                           lambda: "edited"),
     "jax's version": lambda mp: _patched(mp, jax, "__version__", "0.0.0+another"),
-    "the device kind": lambda mp: _patched(mp, _export, "_device",
+    "the device kind": lambda mp: _patched(mp, _export._process, "_device",
                                            lambda: ("cpu", "another", "")),
     "EQX_ON_ERROR": lambda mp: _patched(mp, eqx._config, "EQX_ON_ERROR", "nan"),
 }
@@ -226,7 +226,7 @@ def test_each_part_of_the_key_changed_misses(change, cache, monkeypatch):
     assert len(stored(cache)) == 2
     assert_same(compiled(*args, **kwargs), expected)
     monkeypatch.undo()
-    monkeypatch.setattr(_export, "cdiff_source_hash", lambda: SOURCE_HASH)
+    monkeypatch.setattr(_export._process, "cdiff_source_hash", lambda: SOURCE_HASH)
     # The first call's key still finds its own program.
     again = cdiff.cached_jit(energy).compile(spring(), X)
     assert again.source == "disk" and energy.traces == traces + 1
@@ -257,7 +257,7 @@ def test_an_edited_source_file_changes_the_key(cache, tmp_path, monkeypatch):
     def write(factor):
         path.write_text(f"def f(x):\n    return x * {factor}\n")
         # As if this process had started after the file was written.
-        monkeypatch.setattr(_export, "_PROCESS_START", time.time() + 1)
+        monkeypatch.setattr(_export._sources, "_PROCESS_START", time.time() + 1)
 
     write(2.0)
     module = importlib.import_module("edited_module")
@@ -269,7 +269,7 @@ def test_an_edited_source_file_changes_the_key(cache, tmp_path, monkeypatch):
     assert compiled.source == "exported" and len(stored(cache)) == 2
     assert_same(compiled(X), X * 3.0)
     # Modified after this process started: not cached.
-    monkeypatch.setattr(_export, "_PROCESS_START", time.time() - 1)
+    monkeypatch.setattr(_export._sources, "_PROCESS_START", time.time() - 1)
     path.touch()
     compiled = cdiff.cached_jit(module.f).compile(X)
     assert compiled.source == "jit" and len(stored(cache)) == 2
@@ -283,7 +283,7 @@ def test_source_hashes_follow_the_files(tmp_path, monkeypatch):
 
     def write(name, text):
         (tmp_path / name).write_text(text)
-        monkeypatch.setattr(_export, "_PROCESS_START", time.time() + 1)
+        monkeypatch.setattr(_export._sources, "_PROCESS_START", time.time() + 1)
 
     write("a.py", "A = 1\n")
     write("pkg/b.py", "B = 2\n")
@@ -298,7 +298,7 @@ def test_source_hashes_follow_the_files(tmp_path, monkeypatch):
     assert _export.tree_digest(tmp_path) == first
     write("pkg/c.py", "")
     assert _export.tree_digest(tmp_path) != first
-    monkeypatch.setattr(_export, "_PROCESS_START", time.time() - 1)
+    monkeypatch.setattr(_export._sources, "_PROCESS_START", time.time() - 1)
     (tmp_path / "a.py").touch()
     with pytest.raises(_export.Unkeyable, match="modified after this process"):
         _export.tree_digest(tmp_path)
