@@ -22,7 +22,7 @@ only. Its `main`:
 The parser needs the names of the models, the MJCF mechanisms, the
 formulations and the projections without importing them: they are listed here
 (`MODELS`, `MJCF_MECHANISMS`, `FORMULATIONS`, `PROJECTIONS`), and
-tests/test_cli.py checks that they are the names `cdiff.cli` and `cdiff.models`
+tests/cli/test_cli.py checks that they are the names `cdiff.cli` and `cdiff.models`
 offer. `cdiff.cli` builds its parser here too (`cdiff.cli._parser`), so there is
 one parser.
 """

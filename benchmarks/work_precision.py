@@ -29,7 +29,7 @@ attempted steps (SciPy: accepted steps; it does not count rejections) and of
 evaluations: vector-field evaluations for the Runge-Kutta
 methods (4 per RK4 step; 7 per Tsit5/Dopri5 and 14 per Dopri8 attempt, rejected
 ones included: UdwadiaKalaba's per-step data changes the field at every step, so
-the first-same-as-last stage is not reused; counted in tests/test_adaptive.py),
+the first-same-as-last stage is not reused; counted in tests/solvers/test_adaptive.py),
 SciPy's `nfev`, and for BDF its DAE residual evaluations (4 Newton iterations per
 attempted step) plus one Jacobian (jax.jacfwd) per attempted step.
 

@@ -85,7 +85,7 @@ class Snakeboard(AbstractModel):
     integrable). Over the paper's 2 s (speeds up to 5 m/s and 15 rad/s) it keeps
     the constraints to about 1e-10 (they are enforced at acceleration level only)
     and agrees with scipy's DOP853 at 1e-13 on eq. 28 written by hand to about
-    1e-10 in $q$ and 1e-9 in $\dot q$ (tests/test_snakeboard.py).
+    1e-10 in $q$ and 1e-9 in $\dot q$ (tests/models/test_snakeboard.py).
 
     The constraint rows lose rank only where both wheel boards are perpendicular to
     the coupler ($\cos\phi_b = \cos\phi_f = 0$, $\phi_b \equiv \phi_f$ mod $\pi$),

@@ -253,7 +253,7 @@ def test_grad_and_vmap_through_the_projection(projection):
     """Issue #3: reverse and forward mode through Projected(RK4(), ...) match
     central finite differences (over the singular passage at t = 0.5 s), under vmap:
     one compilation gives the values at l - h, l, l + h and the gradients. (For
-    NewtonProjection: tests/test_gradients.py.)"""
+    NewtonProjection: tests/solvers/test_gradients.py.)"""
     solver = cdiff.Projected(cdiff.RK4(), projection)
     f = jax.jit(jax.vmap(jax.value_and_grad(functools.partial(_slider, solver=solver))))
     h = 1e-5

@@ -25,7 +25,7 @@ import cdiff
 from cdiff.models._mujoco import _MJXTerms, _mjx_stages
 from test_mujoco import FOUR_BAR, SINK
 
-MODELS = Path(__file__).parents[1] / "benchmarks" / "models"
+MODELS = Path(__file__).parents[2] / "benchmarks" / "models"
 
 # Every joint type, springs, dampers, armature, gravity compensation and every
 # supported equality (SINK); a spatial tendon through sites in a tendon equality

@@ -26,7 +26,7 @@ from cdiff.studies._chunked import _sweep
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
                        "distributed_worker.py")
-_ROOT = os.path.dirname(os.path.dirname(_WORKER))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(_WORKER)))  # the repository
 
 
 def _free_port() -> int:

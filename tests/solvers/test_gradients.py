@@ -7,7 +7,7 @@ configuration theta1 = -pi/2 (t ~ 0.9 s), where the derivatives stay finite. The
 formulations (GGL, GGL("no_inverse"), IndexOne) have no index there (BDF stops at it,
 as it must), so their rows run the planar arm on x = 1 (R8) with BDF instead: the
 derivative of theta1(1.5 s) with respect to the mass of link 2 (issue 4's
-acceptance). Forward mode through GradientProjection: tests/test_projected.py."""
+acceptance). Forward mode through GradientProjection: tests/solvers/test_projected.py."""
 
 from __future__ import annotations
 

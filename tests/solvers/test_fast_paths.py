@@ -300,7 +300,7 @@ def test_own_loop_failure_as_diffrax(save):
 def test_own_loop_forward_and_reverse_mode_agree():
     # Both through the own loop: reverse mode by the discrete adjoint (default),
     # forward mode through the plain scan (adjoint=ForwardMode()); their agreement
-    # with finite differences is tests/test_gradients.py's subject.
+    # with finite differences is tests/solvers/test_gradients.py's subject.
     q0, v0 = MODEL.initial_state()
 
     def loss(g, length, adjoint=None, solver=None):

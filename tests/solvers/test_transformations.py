@@ -136,7 +136,7 @@ def test_python_float_sweeps_reuse_the_compilation():
 def test_grad_matches_finite_differences(formulation):
     """d(slider at t = 2 s)/d(link length) and /d(initial crank rate), reverse mode,
     against central differences (with the energy correction; the other
-    formulations' derivatives: tests/test_gradients.py)."""
+    formulations' derivatives: tests/solvers/test_gradients.py)."""
     model = _model()
     g = _grad(formulation)(model, jnp.asarray(0.0))
     g_model, g_dv = g

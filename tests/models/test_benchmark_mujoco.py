@@ -19,7 +19,7 @@ pytest.importorskip("mujoco.mjx")
 
 import cdiff
 
-SCRIPT = Path(__file__).resolve().parents[1] / "benchmarks" / "against_mujoco.py"
+SCRIPT = Path(__file__).resolve().parents[2] / "benchmarks" / "against_mujoco.py"
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,7 @@ import cdiff
 from cdiff import _compiler
 
 CPU = jax.default_backend() == "cpu"
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _batch(dq):
@@ -56,7 +56,7 @@ if "--start-backend" in sys.argv:
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import cdiff
-sys.path.insert(0, "tests")
+sys.path.insert(0, "tests/simulate")
 from test_compiler_options import _batch, _dq
 from cdiff import _compiler
 lowered = jax.jit(_batch).lower(_dq())

@@ -1,7 +1,7 @@
 """Unilateral rows with the DAE formulations (GGL, IndexOne) and cdiff's BDF:
 segments of BDF restarted at order 1 from a consistent state after every event,
 the event located on BDF's interpolating polynomial. Against the closed forms and
-SciPy references of tests/test_unilateral.py; BDF's error is its tolerance's."""
+SciPy references of tests/events/test_unilateral.py; BDF's error is its tolerance's."""
 
 import jax
 import jax.numpy as jnp

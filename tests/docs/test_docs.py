@@ -18,7 +18,7 @@ import pytest
 
 import cdiff  # imports cdiff.models, .studies, .control and .analysis
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 PACKAGE = ROOT / "cdiff"
 
@@ -376,7 +376,7 @@ def _global_names_used(table: symtable.SymbolTable, top: bool = True) -> set[str
 
 def test_the_readme_code_is_the_sites():
     """Every Python block of the README is one of the site's (docs/getting-started.md,
-    or a guide page), which tests/test_readme.py executes, checking every value it
+    or a guide page), which tests/docs/test_readme.py executes, checking every value it
     prints against its `# prints:` comment: the README's tour is run, not only shown.
     The blocks come in the page's order, and each reads only names that the README's
     earlier blocks (or the block itself) define, so the README runs as written too."""

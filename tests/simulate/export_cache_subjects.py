@@ -1,4 +1,4 @@
-"""Functions and models for tests/test_export_cache.py, in a module of their own
+"""Functions and models for tests/simulate/test_export_cache.py, in a module of their own
 so that a fresh process imports the same code under the same name (`main`: what
 the second process of test_a_second_process_loads_the_program_and_traces_nothing
 does).

@@ -1,9 +1,9 @@
 """One process of a two-process `cdiff.studies.map_batches` run (for
-tests/test_distributed.py): `python tests/distributed_worker.py PROCESS_ID PORT
+tests/studies/test_distributed.py): `python tests/studies/distributed_worker.py PROCESS_ID PORT
 CHECKPOINT OUT MODE`.
 
 It joins `jax.distributed` on localhost:PORT as process PROCESS_ID of 2, maps
-tests/test_chunked.py's `final_state` over `INPUTS` (32 pendulums, 8 chunks of 4) with the checkpoint
+tests/studies/test_chunked.py's `final_state` over `INPUTS` (32 pendulums, 8 chunks of 4) with the checkpoint
 directory CHECKPOINT, and saves its results and report in OUT/result_{PROCESS_ID}.npz.
 MODE "run" runs the sweep; MODE "kill" dies by SIGKILL partway: process 1 when it
 has computed chunks 1 and 3 (at chunk 5), process 0 when it has computed chunks 0
@@ -28,7 +28,7 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 import numpy as np  # noqa: E402
-from test_chunked import final_state  # noqa: E402  (tests/ is on sys.path)
+from test_chunked import final_state  # noqa: E402  (this folder is on sys.path)
 
 # 32 pendulums (length r, initial angle theta0): 8 chunks of 4.
 R, THETA0 = np.meshgrid(np.linspace(0.5, 2.0, 8), np.linspace(-1.2, 0.0, 4))

@@ -22,7 +22,7 @@ from cdiff.models import _library as library
 mujoco = pytest.importorskip("mujoco")
 
 NAMES = sorted(cdiff.models.MJCF_LIBRARY)
-# The conservative reductions (A05's dampers dissipate: tests/test_mjcf_flyball.py
+# The conservative reductions (A05's dampers dissipate: tests/models/test_mjcf_flyball.py
 # checks its reference).
 REDUCTIONS = [n for n in NAMES
               if cdiff.models.MJCF_LIBRARY[n].reference_kind == "reduction"

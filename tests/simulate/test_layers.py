@@ -11,7 +11,7 @@ import ast
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 #: The layers, lowest first: a module may import its own layer and those below.
 #: A name is a module or a package (all the modules under it).

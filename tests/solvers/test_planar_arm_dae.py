@@ -181,4 +181,4 @@ def test_index_one_form_agrees_with_sundials_ida():
 
 
 # The derivative through BDF with respect to a link mass (reverse and forward mode
-# against central differences, under vmap): tests/test_gradients.py.
+# against central differences, under vmap): tests/solvers/test_gradients.py.

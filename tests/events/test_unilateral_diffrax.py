@@ -1,7 +1,7 @@
 """Unilateral rows through diffrax (segments of `diffrax.diffeqsolve` between
 events): adaptive steps, save times, other solvers and `Projected`, against the
 same closed forms and SciPy references as cdiff's own RK4 loop
-(tests/test_unilateral.py), in batches and under `jax.grad`."""
+(tests/events/test_unilateral.py), in batches and under `jax.grad`."""
 
 import diffrax
 import jax
@@ -101,7 +101,7 @@ def test_batch_with_adaptive_steps_has_each_members_events(ball_adaptive):
         stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12))),
 ])
 def test_pendulum_against_a_wall_with_diffrax_solvers(name, kw):
-    """Against SciPy's event location on the angle ODE (tests/test_unilateral.py):
+    """Against SciPy's event location on the angle ODE (tests/events/test_unilateral.py):
     impact times to 1e-9 and the energy ratio e^2 (NullSpace takes a new basis at
     each event); with `Projected`, every saved state (steps, and the events' states
     after their impacts) on the circle to round-off."""
@@ -128,7 +128,7 @@ def test_pendulum_against_a_wall_with_diffrax_solvers(name, kw):
 
 
 def test_release_with_adaptive_steps():
-    """A ball lifted off the ground by a growing force (tests/test_unilateral.py):
+    """A ball lifted off the ground by a growing force (tests/events/test_unilateral.py):
     the release is the root of the multiplier on the dense output, and the motion
     after it, a cubic that Tsit5 integrates exactly, follows the closed form."""
     ts = np.linspace(0.0, 1.0, 41)

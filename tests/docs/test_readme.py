@@ -2,7 +2,7 @@
 they print.
 
 docs/getting-started.md, the tour (the README's tour is a part of it, which
-tests/test_docs.py checks), runs in order in one namespace; every other page of docs/
+tests/docs/test_docs.py checks), runs in order in one namespace; every other page of docs/
 with ```python blocks runs the same way, each page in its own namespace. Blocks that
 read files written by the command line (`np.load`) are skipped; ```py blocks are
 shown, not run (each says why).
@@ -25,7 +25,7 @@ from pathlib import Path
 import jax
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DOCS = ROOT / "docs"
 TOUR = DOCS / "getting-started.md"
 

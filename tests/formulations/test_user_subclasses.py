@@ -4,7 +4,7 @@ x^2 + y^2 - l^2 = 0 (not one of cdiff's models). Each run is checked against an
 independent reference: SciPy's DOP853 on the pendulum's angle equation at 1e-12, or
 a closed form of the closed loop.
 
-(AbstractStatefulController is exercised in tests/test_control_state.py.)"""
+(AbstractStatefulController is exercised in tests/formulations/test_control_state.py.)"""
 
 import equinox as eqx
 import pytest

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import jax
 
-NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
+NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
 
 
 def run_notebook(name: str, tmp_path: Path, monkeypatch) -> dict:

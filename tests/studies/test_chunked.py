@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -166,7 +167,7 @@ import jax
 jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 import numpy as np
-import tests.test_chunked as t
+import tests.studies.test_chunked as t
 from cdiff.studies._chunked import _sweep
 
 assert len(jax.devices()) == 4, jax.devices()
@@ -191,7 +192,7 @@ print("sharded ok")
 
 
 def test_chunks_are_sharded_over_four_devices(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = str(Path(__file__).resolve().parents[2])  # the repository
     env = dict(os.environ, JAX_PLATFORMS="cpu",
                XLA_FLAGS=(os.environ.get("XLA_FLAGS", "") +
                           " --xla_force_host_platform_device_count=4").strip())

@@ -1,4 +1,4 @@
-"""The SUNDIALS IDA reference wrapper (tests/ida_reference.py) against known
+"""The SUNDIALS IDA reference wrapper (tests/solvers/ida_reference.py) against known
 solutions: a semi-explicit index-1 DAE in closed form, and the pendulum in
 index-1 (acceleration-level) form against an ODE for its angle."""
 
