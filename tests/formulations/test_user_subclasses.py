@@ -69,13 +69,14 @@ def run(formulation, **kwargs):
                           saveat=cdiff.SaveAt(ts=jnp.asarray(TS)), **kwargs)
 
 
-def kkt(model, t, q, v, f):
-    """Acceleration and multipliers of [[M, A^T], [A, 0]] [a; -lam] = [f; b]."""
+def kkt(model, t, q, v, f, solve=jnp.linalg.solve):
+    """Acceleration and multipliers of [[M, A^T], [A, 0]] [a; -lam] = [f; b], the
+    system solved by `solve(K, rhs)`."""
     kin = cdiff.kinematics(model, t, q, v)
     A, b = kin.A_v, kin.b_v
     k = A.shape[0]
     K = jnp.block([[model.mass_matrix(t, q), A.T], [A, jnp.zeros((k, k), q.dtype)]])
-    x = jnp.linalg.solve(K, jnp.concatenate([f, b]))
+    x = solve(K, jnp.concatenate([f, b]))
     n = f.shape[0]
     return x[:n], -x[n:], A
 
@@ -117,12 +118,8 @@ class KKTWithRows(cdiff.AbstractFormulation):
     def dynamics(self, t, y, context, frozen):
         q, v = y
         model = context.model
-        kin = cdiff.kinematics(model, t, q, v)
-        A, b = kin.A_v, kin.b_v
-        n, k = q.shape[0], A.shape[0]
-        K = jnp.block([[model.mass_matrix(t, q), A.T], [A, jnp.zeros((k, k), q.dtype)]])
-        x = jnp.linalg.pinv(K) @ jnp.concatenate([model.forces(t, q, v), b])
-        a, lam = x[:n], -x[n:]
+        a, lam, A = kkt(model, t, q, v, model.forces(t, q, v),
+                        solve=lambda K, r: jnp.linalg.pinv(K) @ r)
         return cdiff.Dynamics(rate=(v, a), force=A.T @ lam, multipliers=lam)
 
 
