@@ -45,9 +45,8 @@ def apply(args) -> None:
 
 def options(name: str) -> dict:
     """The compiler options called `name` (see `add_arguments`): `cdiff`, the CPU
-    option itself (also where `import cdiff` already put it in XLA_FLAGS);
-    `default`, none. Compare with JAX's own defaults under `CDIFF_XLA_FLAGS=0`,
-    which keeps `import cdiff` from setting XLA_FLAGS."""
+    option itself; `default`, none (JAX's defaults: `import cdiff` leaves
+    XLA_FLAGS alone)."""
     return _compiler.cpu_options() if name == "cdiff" else {}
 
 
@@ -69,7 +68,8 @@ def describe(args) -> str:
     chosen = args.xla_options if isinstance(args.xla_options, list) else [args.xla_options]
     text = {"default": "no compiler options",
             "cdiff": f"the CPU option `{_compiler.cpu_options()}`"}
-    flags = {"set": "set by `import cdiff`", "yours": "set by the caller",
+    flags = {"not configured": "not set (`import cdiff` leaves it alone)",
+             "set": "set by `cdiff.configure_xla_flags()`", "yours": "set by the caller",
              "off": "not set (CDIFF_XLA_FLAGS=0: JAX's defaults)",
              "too late": "not set (backend started first)",
              "unknown": "unknown to this jaxlib"}[_compiler.FLAGS_STATUS]

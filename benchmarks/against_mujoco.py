@@ -92,6 +92,7 @@ from _record import record
 from compare import timed
 
 import cdiff
+cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
 from cdiff.models import MJCF_LIBRARY
 
 #: The observable of each mechanism: (site, coordinates of its world position),

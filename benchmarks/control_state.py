@@ -52,6 +52,8 @@ def worker(case: str, steps: int, batch: int) -> dict:
     import cdiff
     from cdiff.control import HybridForceMotion, ProjectedInverseDynamics
 
+    cdiff.configure_xla_flags()  # as the docs ask on CPU
+
     plant = cdiff.models.PlanarArmOnCurve("circle", t_release=0.0)
     th2 = float(plant.hold[1])
     dt = 1e-3

@@ -26,6 +26,7 @@ jax.config.update("jax_enable_x64", True)
 
 import _config  # noqa: E402
 import cdiff  # noqa: E402
+cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
 from _record import record  # noqa: E402
 
 

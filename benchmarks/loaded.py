@@ -59,6 +59,7 @@ import numpy as np  # noqa: E402
 from _record import record  # noqa: E402
 
 import cdiff  # noqa: E402
+cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
 from cdiff.models import MJCF_LIBRARY, MuJoCoModel, from_mujoco  # noqa: E402
 
 with contextlib.redirect_stdout(io.StringIO()):

@@ -54,6 +54,8 @@ def child(name: str, cache: str, steps: int, kind: str = "persistent",
     import cdiff
     from cdiff.models import MJCF_LIBRARY, from_mujoco
 
+    cdiff.configure_xla_flags()  # as the docs ask on CPU
+
     warnings.simplefilter("ignore")  # the models' "not simulated" notes
     cdiff.use_compilation_cache(cache)
     hits = []

@@ -27,6 +27,7 @@ import numpy as np
 jax.config.update("jax_enable_x64", True)
 
 import cdiff  # noqa: E402
+cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
 from _record import record  # noqa: E402
 from cdiff.cli._study import DEFAULT_DTS, DEFAULT_GAINS  # noqa: E402
 

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 jax.config.update("jax_enable_x64", True)
 
 import cdiff  # noqa: E402
+cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
 from _config import CLOCKS, first_call, set_clock  # noqa: E402
 from _record import record  # noqa: E402
 

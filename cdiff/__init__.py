@@ -2,10 +2,11 @@
 
 import importlib.metadata as _metadata
 
-# First, before anything can start JAX's backend: XLA reads XLA_FLAGS once.
-from ._compiler import configure_xla_flags as _configure_xla_flags
+# First, before anything can start JAX's backend (XLA reads XLA_FLAGS once): only
+# where CDIFF_XLA_FLAGS=1 asks for it.
+from ._compiler import configure_at_import as _configure_at_import
 
-_configure_xla_flags()
+_configure_at_import()
 
 from diffrax import SaveAt as SaveAt
 
@@ -48,6 +49,7 @@ from ._projection import (
 from ._solver.projected import Projected as Projected
 from ._solver.rk4 import RK4 as RK4
 from ._compiler import compiler_options as compiler_options
+from ._compiler import configure_xla_flags as configure_xla_flags
 from ._cache import use_compilation_cache as use_compilation_cache
 from ._export import cached_jit as cached_jit
 
@@ -79,7 +81,7 @@ __all__ = [
     "AbstractProjection", "BDF", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "Impact", "IndexOne",
     "Kinematics", "Lagrange", "NewtonProjection", "NullSpace", "Projected",
     "Projection", "RESULTS", "RK4", "Regularized", "SaveAt", "Sketch", "Solution",
-    "Terms", "UdwadiaKalaba", "analysis", "animate", "cached_jit", "compiler_options",
+    "Terms", "UdwadiaKalaba", "analysis", "animate", "cached_jit", "compiler_options", "configure_xla_flags",
     "consistent_state", "control", "impact", "kinematics", "models", "simulate", "studies",
     "use_compilation_cache",
 ]

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import diffrax
@@ -11,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compiler import hint_if_nested, top_level_options
 from ._consistent import inconsistency
 from ._kinematics import residuals
 from ._impact import WithUnilateral
@@ -207,9 +209,11 @@ def simulate(
         route = choose_route(solver, stepsize_controller, saveat, adjoint, progress,
                              max_steps, inner_throw, (t0, t1, dt),
                              unilateral=bool(unilateral), max_events=max_events)
-        return _solve(route, model, formulation, control, q0, v0, *times,
-                      throw=inner_throw, checks=inner_throw, checked=concrete,
-                      divergence=divergence)
+        return _compiled_solve(top_level_options())(
+            route, model, formulation, control, q0, v0, *times, throw=inner_throw,
+            checks=inner_throw, checked=concrete, divergence=divergence)
+
+    hint_if_nested("cdiff.simulate")
 
     try:
         sol = solve(throw and not concrete)
@@ -245,12 +249,25 @@ def simulate(
     return sol
 
 
-@eqx.filter_jit
-def _solve(route: AbstractRoute, model, formulation, control, q0, v0, t0, t1, dt, *, throw, checks,
-           checked, divergence):
-    # `checks`: whether the model checks at reached states raise; `throw` also
-    # raises the solver's failures inside the program; `checked`: the times and
-    # initial state were checked before tracing.
+def _compiled_solve(options: dict):
+    """`run_route` jitted with XLA's compiler options `options` (those JAX takes
+    here: `cdiff._compiler.top_level_options`)."""
+    return _jitted_solve(tuple(sorted(options.items())))
+
+
+@functools.cache
+def _jitted_solve(options: tuple):
+    return eqx.filter_jit(run_route, **({"compiler_options": dict(options)}
+                                     if options else {}))
+
+
+def run_route(route: AbstractRoute, model, formulation, control, q0, v0, t0, t1, dt,
+              *, throw, checks, checked, divergence) -> Solution:
+    """The driver's solve, traced: the `Problem` set up, integrated by `route`,
+    and its `Solution`. `checks`: whether the model checks at reached states
+    raise; `throw` also raises the solver's failures inside the program;
+    `checked`: the times and initial state were checked before tracing. (Also
+    the studies' solve on `GridRoute`.)"""
     problem = Problem.build(model, formulation, control, q0, v0, t0, t1, dt,
                             checked=checked, reschedule=route.reschedule, throw=checks)
     trajectory = route(problem)

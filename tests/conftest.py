@@ -17,13 +17,16 @@ jax.config.update("jax_numpy_dtype_promotion", "strict")
 #: limit). Users' programs keep XLA's default. `CDIFF_TEST_XLA_FLAGS=0` runs the
 #: suite with the default, as users compile.
 TEST_XLA_FLAG = "xla_cpu_use_fusion_emitters"
+#: And no YNNPACK library fusions, as `cdiff.configure_xla_flags()` asks for: the
+#: suite's own `jax.jit`s of simulations then compile as cdiff's top-level
+#: programs do (`cdiff.compiler_options()`). Results are bitwise the same.
+CDIFF_XLA_FLAG = "xla_cpu_experimental_ynn_fusion_type"
 
 
 def _jaxlib_knows(flag: str) -> bool:
     """Whether jaxlib's XLA defines `flag` (XLA aborts on an unknown one): the name
-    is in the shared library that parses XLA_FLAGS. (`cdiff._compiler` has the same
-    probe, but importing cdiff here would set its own flag in the environment the
-    test workers inherit.)"""
+    is in the shared library that parses XLA_FLAGS (as `cdiff._compiler` probes
+    it; this file sets the flags before anything imports cdiff)."""
     for path in Path(jaxlib.__file__).parent.glob("*.so"):
         try:
             with open(path, "rb") as f, mmap.mmap(f.fileno(), 0,
@@ -38,11 +41,12 @@ def _jaxlib_knows(flag: str) -> bool:
 def _add_test_xla_flag() -> None:
     """Before any test starts JAX's backend (XLA reads XLA_FLAGS once); in the
     controller of `-n 2`, whose environment the workers inherit."""
-    flags = os.environ.get("XLA_FLAGS", "")
-    if (os.environ.get("CDIFF_TEST_XLA_FLAGS") == "0" or TEST_XLA_FLAG in flags
-            or not _jaxlib_knows(TEST_XLA_FLAG)):
+    if os.environ.get("CDIFF_TEST_XLA_FLAGS") == "0":
         return
-    os.environ["XLA_FLAGS"] = f"{flags} --{TEST_XLA_FLAG}=false".strip()
+    for flag, value in ((TEST_XLA_FLAG, "false"), (CDIFF_XLA_FLAG, "")):
+        flags = os.environ.get("XLA_FLAGS", "")
+        if flag not in flags and _jaxlib_knows(flag):
+            os.environ["XLA_FLAGS"] = f"{flags} --{flag}={value}".strip()
 
 
 _add_test_xla_flag()

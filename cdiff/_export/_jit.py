@@ -12,6 +12,7 @@ from typing import Any
 import equinox as eqx
 import jax
 
+from .._compiler import at_top_level, tracing_for
 from ._call import _Call, _name, _Output, _Program
 from ._compile import _compile_exported
 from ._store import (
@@ -37,13 +38,15 @@ class CachedJit:
         self.compiler_options = dict(compiler_options or {})
         self._programs: dict[str, _Program | None] = {}  # by key; None: jit
         self._recent: dict[tuple, tuple] = {}  # by `_Call.quick_key`
-        self._jit = None  # eqx.filter_jit, made on first need
+        self._jit = None  # eqx.filter_jit with the options, made on first need
+        self._plain_jit = None  # and without (under an outer transformation)
         functools.update_wrapper(self, fn, updated=())
 
     def __call__(self, *args, **kwargs):
-        program, call, _ = self._program(args, kwargs)
-        if program is None:
-            return self._filter_jit()(*args, **kwargs)
+        with tracing_for(self.compiler_options):
+            program, call, _ = self._program(args, kwargs)
+            if program is None:
+                return self._filter_jit()(*args, **kwargs)
         return program.run(call)
 
     def compile(self, *args, **kwargs) -> Callable:
@@ -56,9 +59,12 @@ class CachedJit:
         (traced now, and stored), or `"jit"` (not cached: see the module
         docstring).
         """
-        program, _, key = self._program(args, kwargs)
+        with tracing_for(self.compiler_options):
+            program, _, key = self._program(args, kwargs)
+            if program is None:
+                lowered = self._filter_jit().lower(*args, **kwargs)
         if program is None:
-            compiled = self._filter_jit().lower(*args, **kwargs).compile()
+            compiled = lowered.compile()
             return _Bound(lambda a, k: compiled(*a, **k), "jit")
 
         def run(a, k):
@@ -71,11 +77,16 @@ class CachedJit:
         return _Bound(run, program.source)
 
     def _filter_jit(self):
-        """What runs the calls the cache does not take: `eqx.filter_jit`."""
+        """What runs the calls the cache does not take: `eqx.filter_jit`, with
+        the compiler options where JAX takes them (not under an outer `jax.jit`
+        or `jax.grad`)."""
+        nested = bool(self.compiler_options) and not at_top_level()
+        if nested or not self.compiler_options:
+            if self._plain_jit is None:
+                self._plain_jit = eqx.filter_jit(self.fn)
+            return self._plain_jit
         if self._jit is None:
-            options = ({"compiler_options": self.compiler_options}
-                       if self.compiler_options else {})
-            self._jit = eqx.filter_jit(self.fn, **options)
+            self._jit = eqx.filter_jit(self.fn, compiler_options=self.compiler_options)
         return self._jit
 
     def _program(self, args, kwargs

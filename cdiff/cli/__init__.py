@@ -53,6 +53,7 @@ import jax
 
 import cdiff_cli_entry as _entry
 from cdiff._cache import cli_compilation_cache
+from cdiff._compiler import configure_xla_flags
 from cdiff.cli import _cases, _options, _outputs, _phases, _run, _study
 from cdiff.cli._interrupt import Interrupt
 from cdiff.models import MJCF_LIBRARY as MJCF_LIBRARY
@@ -110,6 +111,9 @@ def main(argv: list[str] | None = None, *, args: argparse.Namespace | None = Non
     # The command stops at once on Ctrl-C (this handler replaces the console
     # script's, which knows of nothing to keep).
     if command:
+        # The command's own process: XLA's CPU option for every program it
+        # compiles, before its first JAX computation (`cdiff.configure_xla_flags`).
+        configure_xla_flags(warn=False)
         interrupt = Interrupt().install()
         interrupt.during = "start-up"
     else:

@@ -24,6 +24,7 @@ import jax
 import numpy as np
 
 from .._compiler import compiler_options as _default_options
+from .._compiler import tracing_for
 from ._checkpoint import (
     _chunk_path,
     _chunk_record,
@@ -193,7 +194,9 @@ def _sweep_here(fn, inputs, *, chunk_size, checkpoint, key, progress, devices,
 
     items = jax.tree.unflatten(treedef, [jax.ShapeDtypeStruct(a.shape[1:], a.dtype)
                                          for a in arrays])
-    out_structs, out_treedef = jax.tree.flatten(eqx.filter_eval_shape(fn, items))
+    options = _default_options() if compiler_options is None else compiler_options
+    with tracing_for(options):
+        out_structs, out_treedef = jax.tree.flatten(eqx.filter_eval_shape(fn, items))
     for s in out_structs:
         if not isinstance(s, jax.ShapeDtypeStruct):
             raise ValueError(f"{name}: fn must return a pytree of arrays; it returned "
@@ -261,9 +264,9 @@ def _sweep_here(fn, inputs, *, chunk_size, checkpoint, key, progress, devices,
                 chunk = jax.device_put(chunk, chunk_sharding)
             if compiled is None:
                 start = time.perf_counter()
-                options = (_default_options() if compiler_options is None
-                           else compiler_options)
-                compiled = _vmapped.lower(fn, chunk).compile(options)
+                with tracing_for(options):
+                    lowered = _vmapped.lower(fn, chunk)
+                compiled = lowered.compile(options)
                 report.compile_time = time.perf_counter() - start
             start = time.perf_counter()
             result = compiled(fn, chunk)

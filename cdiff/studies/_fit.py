@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .._compiler import compiler_options
+from .._compiler import compiler_options, tracing_for
 from .._export import cached_jit
 
 
@@ -186,7 +186,8 @@ def identify(
                 f"cdiff.studies.identify: field {name!r} must be a positive scalar to "
                 f"be fitted in log space, got {value}"
             )
-    shape = jax.eval_shape(simulate_observation, model).shape
+    with tracing_for(compiler_options()):  # (`step` is compiled with them)
+        shape = jax.eval_shape(simulate_observation, model).shape
     if shape != data.shape:
         raise ValueError(
             f"cdiff.studies.identify: simulate_observation(model) has shape {shape}, "

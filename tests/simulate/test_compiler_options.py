@@ -1,13 +1,16 @@
-"""XLA's CPU option (no YNNPACK library fusions): set in XLA_FLAGS by `import
-cdiff`, so that a plain `jax.jit` has no library fusion left; results unchanged
-by it; the warning and `cdiff.compiler_options()` when JAX's backend started
-first; and the fallback for a jaxlib that does not know the option."""
+"""XLA's CPU option (no YNNPACK library fusions): `import cdiff` leaves XLA_FLAGS
+alone (unless CDIFF_XLA_FLAGS=1); cdiff passes the option as compiler options where
+it compiles at the top level (simulate outside jit/grad, also under vmap; the
+studies) and warns once where a solve is traced into a program without it;
+`cdiff.configure_xla_flags()` puts it in XLA_FLAGS; results unchanged by it; the
+fallback for a jaxlib that does not know the option."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import jax
@@ -48,7 +51,7 @@ def _dq():
 
 
 _PROGRAM = """
-import sys, warnings
+import os, sys, warnings
 import jax, numpy as np
 jax.config.update("jax_enable_x64", True)
 if "--start-backend" in sys.argv:
@@ -56,14 +59,18 @@ if "--start-backend" in sys.argv:
 with warnings.catch_warnings(record=True) as caught:
     warnings.simplefilter("always")
     import cdiff
+    flags_after_import = os.environ.get("XLA_FLAGS", "")
+    from cdiff import _compiler
+    status = (cdiff.configure_xla_flags() if "--configure" in sys.argv
+              else _compiler.FLAGS_STATUS)
 sys.path.insert(0, "tests/simulate")
 from test_compiler_options import _batch, _dq
-from cdiff import _compiler
 lowered = jax.jit(_batch).lower(_dq())
 plain = lowered.compile()
 tuned = lowered.compile(cdiff.compiler_options())
-np.savez(sys.argv[1], plain=np.asarray(plain(_dq())), status=_compiler.FLAGS_STATUS,
-         options=repr(cdiff.compiler_options()),
+np.savez(sys.argv[1], plain=np.asarray(plain(_dq())), status=status,
+         tuned=np.asarray(tuned(_dq())),
+         flags=flags_after_import, options=repr(cdiff.compiler_options()),
          ynn_plain="__ynn_fusion" in plain.as_text(),
          ynn_tuned="__ynn_fusion" in tuned.as_text(),
          warnings=repr([str(w.message) for w in caught]))
@@ -95,37 +102,105 @@ def test_backends():
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
-def test_set_at_import_and_results_unchanged(tmp_path):
-    # This process imported cdiff before any JAX computation: the flag is in the
-    # environment (a jaxlib that drops it fails here instead of slowing down).
-    assert _compiler.FLAGS_STATUS == "set", _compiler.FLAGS_STATUS
-    assert "--xla_cpu_experimental_ynn_fusion_type=" in os.environ["XLA_FLAGS"]
-    assert cdiff.compiler_options() == {}
-    compiled = jax.jit(_batch).lower(_dq()).compile()
-    # A plain jax.jit (no options) keeps every fusion in XLA's code generator ...
-    assert "__ynn_fusion" not in compiled.as_text()
-    # ... where JAX's defaults (CDIFF_XLA_FLAGS=0) hand the reductions to YNNPACK.
+def test_import_leaves_the_environment_alone(tmp_path):
+    """A fresh process: `import cdiff` writes nothing to XLA_FLAGS; a plain
+    `jax.jit` then keeps JAX's library fusions and `cdiff.compiler_options()`
+    removes them, with bitwise-equal results; CDIFF_XLA_FLAGS=0 gives no options."""
+    fresh = _run(tmp_path)
+    assert str(fresh["status"]) == "not configured"
+    assert _compiler._FLAG not in str(fresh["flags"])
+    assert bool(fresh["ynn_plain"]) and not bool(fresh["ynn_tuned"])
+    assert "xla_cpu_experimental_ynn_fusion_type" in str(fresh["options"])
+    assert str(fresh["warnings"]) == "[]"
+    # This process has the option in XLA_FLAGS (conftest.py): same numbers.
+    np.testing.assert_array_equal(np.asarray(jax.jit(_batch)(_dq())), fresh["plain"])
     default = _run(tmp_path, CDIFF_XLA_FLAGS="0")
-    assert str(default["status"]) == "off"
-    assert bool(default["ynn_plain"]) and str(default["options"]) == "{}"
-    a, b = default["plain"], np.asarray(compiled(_dq()))
-    assert np.all(np.isfinite(a))
-    np.testing.assert_array_equal(b, a)  # measured: identical
+    assert str(default["options"]) == "{}" and bool(default["ynn_plain"])
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
-def test_backend_started_first(tmp_path):
-    """JAX's backend started before `import cdiff`: a warning, and the option as
-    compiler options, which remove the library fusions."""
-    late = _run(tmp_path, "--start-backend")
+def test_configure_xla_flags(tmp_path):
+    """The documented call (and CDIFF_XLA_FLAGS=1 at import) puts the option in
+    XLA_FLAGS: a plain `jax.jit` has no library fusion left and no options are
+    needed; too late (backend started) it warns and sets nothing; the user's own
+    flag is left as it is."""
+    called = _run(tmp_path, "--configure")
+    assert str(called["status"]) == "set"
+    assert not bool(called["ynn_plain"]) and str(called["options"]) == "{}"
+    at_import = _run(tmp_path, CDIFF_XLA_FLAGS="1")
+    assert str(at_import["status"]) == "set"
+    assert f"--{_compiler._FLAG}=" in str(at_import["flags"])
+    assert not bool(at_import["ynn_plain"])
+    late = _run(tmp_path, "--start-backend", "--configure")
     assert str(late["status"]) == "too late"
-    assert "CDIFF_XLA_FLAGS=0" in str(late["warnings"])
+    assert "before the first JAX computation" in str(late["warnings"])
     assert bool(late["ynn_plain"]) and not bool(late["ynn_tuned"])
-    assert "xla_cpu_experimental_ynn_fusion_type" in str(late["options"])
-    # Your own flag in XLA_FLAGS is left as it is.
-    yours = _run(tmp_path, XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type=")
+    yours = _run(tmp_path, "--configure",
+                 XLA_FLAGS="--xla_cpu_experimental_ynn_fusion_type=")
     assert str(yours["status"]) == "yours" and str(yours["warnings"]) == "[]"
     assert not bool(yours["ynn_plain"])
+
+
+@pytest.fixture
+def without_the_flag(monkeypatch):
+    """This process as if XLA_FLAGS did not hold the option (XLA has read it
+    already, so only cdiff's decisions change) and the hint not yet given."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.delenv(_compiler.ENV, raising=False)
+    monkeypatch.setattr(_compiler, "FLAGS_STATUS", "not configured")
+    monkeypatch.setattr(_compiler, "_HINTED", False)
+
+
+@pytest.mark.skipif(not CPU, reason="CPU option")
+def test_options_where_jax_takes_them(without_the_flag):
+    """The options go on a `jax.jit` called with nothing around it or under
+    `jax.vmap` only; under `jax.jit` and `jax.grad` JAX refuses them."""
+    seen = {}
+
+    def probe(name):
+        def f(x):
+            seen[name] = _compiler.top_level_options()
+            return x * 2.0
+        return f
+
+    option = _compiler.cpu_options()
+    assert option
+    probe("call")(1.0)
+    jax.vmap(probe("vmap"))(jnp.ones(2))
+    jax.vmap(jax.vmap(probe("vmap2")))(jnp.ones((2, 2)))
+    jax.jit(probe("jit"))(1.0)
+    jax.grad(probe("grad"))(1.0)
+    jax.vmap(jax.jit(probe("jit in vmap")))(jnp.ones(2))
+    assert seen == {"call": option, "vmap": option, "vmap2": option, "jit": {},
+                    "grad": {}, "jit in vmap": {}}
+
+
+@pytest.mark.skipif(not CPU, reason="CPU option")
+def test_simulate_under_vmap_jit_and_grad(without_the_flag):
+    """`simulate` at the top level, under `jax.vmap` (its program compiled with
+    the options) and under `jax.jit` (without: one warning, once) give the same
+    numbers; under the studies' own compilation, which passes the options, no
+    warning. (XLA read this process's flags at its start, so the options change
+    no number here: `test_import_leaves_the_environment_alone` compares them.)"""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        vmapped = np.asarray(_batch(_dq()))
+        assert caught == []
+        jitted = np.asarray(jax.jit(_batch)(_dq()))
+        again = np.asarray(jax.jit(lambda d: _batch(d) * 1.0)(_dq()))
+    hints = [w for w in caught if "configure_xla_flags" in str(w.message)]
+    assert len(hints) == 1, [str(w.message) for w in caught]
+    assert "compiler_options=cdiff.compiler_options()" in str(hints[0].message)
+    # One program against two (the solve, then the indexing): round-off apart.
+    np.testing.assert_allclose(jitted, vmapped, rtol=1e-14, atol=1e-14)
+    np.testing.assert_array_equal(again, jitted)
+    _compiler._HINTED = False
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mapped = cdiff.studies.map_batches(_batch_one, np.asarray(_dq()),
+                                           chunk_size=8, progress=False)
+    assert not [w for w in caught if "configure_xla_flags" in str(w.message)]
+    np.testing.assert_allclose(mapped, vmapped, rtol=1e-14, atol=1e-14)
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
