@@ -1,5 +1,6 @@
 """The routes by which `simulate` integrates a `Problem`: cdiff's own constant-step
-RK4 loop, `diffrax.diffeqsolve`, or cdiff's BDF; `choose_route` picks one."""
+RK4 loop, `diffrax.diffeqsolve`, or cdiff's BDF; `choose_route` picks one. The
+step-size studies run their solves on `GridRoute`, through the same driver."""
 
 from __future__ import annotations
 
@@ -14,15 +15,15 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._problem import Problem
-from ._results import is_concrete
+from ._results import RESULTS, is_concrete
 from ._solution import Trajectory, plain_saveat
 from ._solver.base import declares, innermost, replace_innermost
 from ._solver.bdf import BDF, bdf_route
 from ._solver.event_segments import (MAX_SEGMENTS, event_bdf_route,
                                      event_diffrax_route)
 from ._solver.events import event_rk4_route
-from ._solver.frozen import diffrax_route
-from ._solver.grid import UniformGrid
+from ._solver.frozen import diffrax_problem, diffrax_route
+from ._solver.grid import UniformGrid, grid_solve
 from ._solver.rk4 import (CHECKPOINT_EVERY_STEP, SavePlan, blocks_of, rk4_route,
                           save_plan)
 
@@ -169,6 +170,31 @@ class DiffraxRoute(AbstractRoute):
             saveat=self.saveat, adjoint=self.adjoint, max_steps=self.max_steps,
             throw=self.throw, progress=self.progress)
         return dataclasses.replace(trajectory, dt=dt, dt_taken=taken)
+
+
+class GridRoute(AbstractRoute):
+    r"""Constant steps from $t_0 = 0$ saved at every `k`-th step end, the times
+    `ts` ($t_1 j/n$, $j = 1 \dots n$, $n$ = `len(ts)`, each the end of a step of
+    $h = t_1/(k n)$: the problem's `dt`), by `grid_solve`, which carries the
+    state alone: under `jax.vmap` over step sizes `k` is traced per trajectory,
+    and nothing is written to a per-trajectory save buffer. The step-size
+    studies' route ([`cdiff.studies.step_size_study`][] when every measurement
+    time ends a step of every step size; they know `k` before tracing, which
+    `simulate` does not for a traced `dt`, so `choose_route` never picks it).
+    Forward only: its loops have traced bounds. A trajectory that fails keeps its
+    last good state and its later rows are unreached (`ts` = inf)."""
+
+    solver: Any
+    k: Any  # integer steps between saves (traced under vmap)
+    ts: Any
+
+    def __call__(self, problem: Problem):
+        terms, stepper, args = diffrax_problem(problem, self.solver, problem.dt)
+        ys, ok = grid_solve(terms, stepper, problem.y0, args, problem.t1, self.k,
+                            self.ts.shape[0])
+        result = RESULTS.where(jnp.all(ok), RESULTS.successful, RESULTS.nonfinite)
+        return Trajectory(jnp.where(ok, self.ts, jnp.inf), ys, result, {},
+                          dt=problem.dt, dt_taken=problem.dt)
 
 
 class BDFRoute(AbstractRoute):

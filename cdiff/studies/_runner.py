@@ -4,13 +4,11 @@ the jitted programs over a batch of step sizes (vmapped) or one step size, and
 `_run`, which compiles and times them for [`cdiff.studies.step_size_study`][];
 [`cdiff.studies.gain_sweep`][] maps the same trajectory functions over its grid.
 
-Its own solve path: when every measurement time ends a step of every step size,
-`_trajectory_on_grid` runs the study's loop on the step grid
-(`cdiff._solver.grid.grid_solve` on the problem that `Problem.build` and
-`diffrax_problem` set up, or on the minimal ODE), which carries only the state
-under `vmap`, instead of `cdiff.simulate`'s routes; otherwise `_trajectory`
-calls `cdiff.simulate` (or `diffrax.diffeqsolve` for the minimal ODE) with
-`SaveAt(ts)`."""
+When every measurement time ends a step of every step size,
+`_trajectory_on_grid` runs `simulate`'s driver on `GridRoute` (the loop on the
+step grid, which carries only the state under `vmap`; the minimal ODE on its
+`grid_solve` directly); otherwise `_trajectory` calls `cdiff.simulate` (or
+`diffrax.diffeqsolve` for the minimal ODE) with `SaveAt(ts)`."""
 
 from __future__ import annotations
 
@@ -22,15 +20,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compiler import compiler_options
+from .._compiler import compiler_options, tracing_for
 from .._kinematics import kinematics
 from .._model import AbstractModel
-from .._problem import Problem
-from .._results import DIVERGENCE, RESULTS
-from .._routes import constant_steps
+from .._results import DIVERGENCE
+from .._routes import GridRoute, constant_steps
+from .._simulate import run_route
 from .._simulate import simulate
-from .._solution import Trajectory
-from .._solver.frozen import diffrax_problem
 from .._solver.grid import UniformGrid, grid_solve
 
 _METRICS = ("max_constraint_error", "max_velocity_error", "max_energy_error",
@@ -108,17 +104,14 @@ def _trajectory_on_grid(model, formulation, solver, q0, v0, t1, k, ts):
 
         phi_q, phi_v, energy = jax.vmap(residuals)(ts, q, v)
     else:
+        # simulate's driver on the grid route, the model's checks raising as in
+        # `simulate(throw=True)`; a finite blow-up fails the trajectory (its
+        # divergence test).
         dt = t1 / jnp.asarray(k * n_save, t1.dtype)
-        problem = Problem.build(model, formulation, None, q0, v0, t0, t1, dt)
-        terms, stepper, args = diffrax_problem(problem, solver, problem.dt)
-        ys, ok = grid_solve(terms, stepper, problem.y0, args, problem.t1, k, n_save)
-        # The divergence test of simulate on the reached rows: a finite blow-up
-        # fails the trajectory.
-        result = RESULTS.where(jnp.all(ok), RESULTS.successful, RESULTS.nonfinite)
-        sol = problem.solution(Trajectory(jnp.where(ok, ts, jnp.inf), ys, result, {}),
-                               dt=problem.dt, dt_taken=problem.dt, throw=False,
-                               divergence=jnp.asarray(DIVERGENCE, t1.dtype))
-        ok = ok & sol.succeeded
+        sol = run_route(GridRoute(solver, k, ts), model, formulation, None, q0, v0, t0,
+                    t1, dt, throw=False, checks=True, checked=False,
+                    divergence=jnp.asarray(DIVERGENCE, t1.dtype))
+        ok = jnp.isfinite(sol.ts) & sol.succeeded
         q, v, phi_q, phi_v, energy = (sol.q, sol.v, sol.holonomic_residual,
                                       sol.velocity_residual, sol.energy)
     nan = jnp.asarray(jnp.nan, q.dtype)
@@ -232,6 +225,14 @@ def _check_dts(dts, t1) -> np.ndarray:
     return dts
 
 
+def _compile(fn, args):
+    """`fn` compiled for `args` with `cdiff.compiler_options()`."""
+    options = compiler_options()
+    with tracing_for(options):
+        lowered = fn.lower(*args)
+    return lowered.compile(options)
+
+
 def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
          repeat: int = 1, vmap: bool | None = None):
     """The measures of every step size (rows of `dts`) and their timings: on CPU
@@ -269,7 +270,7 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
         # CPU a vmapped batch costs its longest run times a width factor, one
         # after another about the sum of the runs (benchmarks/studies.py).
         start = time.perf_counter()
-        single = one.lower(*single_args(0)).compile(compiler_options())
+        single = _compile(one, single_args(0))
         compile_time = time.perf_counter() - start
         measures = np.zeros((n, len(_METRICS)))
         each = np.full(n, np.inf)
@@ -285,7 +286,7 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
         return (measures, compile_time, batch_time,
                 each if time_each else np.full(n, np.nan))
     start = time.perf_counter()
-    compiled = batch.lower(*args).compile(compiler_options())
+    compiled = _compile(batch, args)
     compile_time = time.perf_counter() - start
     batch_time = np.inf
     for _ in range(repeat):
@@ -295,7 +296,7 @@ def _run(model, formulation, solver, setup: _Setup, dts, time_each: bool,
     each = np.full(n, np.nan)
     if time_each:
         # dt or k is traced: one compilation for all, with the batch's options.
-        single = one.lower(*single_args(0)).compile(compiler_options())
+        single = _compile(one, single_args(0))
         for i in range(n):
             for _ in range(repeat):
                 start = time.perf_counter()
