@@ -105,7 +105,7 @@ def test_backends():
 def test_import_leaves_the_environment_alone(tmp_path):
     """A fresh process: `import cdiff` writes nothing to XLA_FLAGS; a plain
     `jax.jit` then keeps JAX's library fusions and `cdiff.compiler_options()`
-    removes them, with bitwise-equal results; CDIFF_XLA_FLAGS=0 gives no options."""
+    removes them, with bitwise-equal results."""
     fresh = _run(tmp_path)
     assert str(fresh["status"]) == "not configured"
     assert _compiler._FLAG not in str(fresh["flags"])
@@ -114,23 +114,29 @@ def test_import_leaves_the_environment_alone(tmp_path):
     assert str(fresh["warnings"]) == "[]"
     # This process has the option in XLA_FLAGS (conftest.py): same numbers.
     np.testing.assert_array_equal(np.asarray(jax.jit(_batch)(_dq())), fresh["plain"])
-    default = _run(tmp_path, CDIFF_XLA_FLAGS="0")
-    assert str(default["options"]) == "{}" and bool(default["ynn_plain"])
+    np.testing.assert_array_equal(fresh["tuned"], fresh["plain"])
+
+
+def test_jax_defaults_on_request(monkeypatch):
+    """CDIFF_XLA_FLAGS=0: no options from cdiff, and nothing set."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.setenv(_compiler.ENV, "0")
+    monkeypatch.setattr(_compiler, "FLAGS_STATUS", "not configured")
+    assert cdiff.compiler_options() == {} and _compiler.top_level_options() == {}
+    assert cdiff.configure_xla_flags() == "off"
+    assert os.environ["XLA_FLAGS"] == ""
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
 def test_configure_xla_flags(tmp_path):
-    """The documented call (and CDIFF_XLA_FLAGS=1 at import) puts the option in
-    XLA_FLAGS: a plain `jax.jit` has no library fusion left and no options are
-    needed; too late (backend started) it warns and sets nothing; the user's own
-    flag is left as it is."""
-    called = _run(tmp_path, "--configure")
-    assert str(called["status"]) == "set"
-    assert not bool(called["ynn_plain"]) and str(called["options"]) == "{}"
+    """The documented call (here through CDIFF_XLA_FLAGS=1 at import, which makes
+    it) puts the option in XLA_FLAGS: a plain `jax.jit` has no library fusion left
+    and no options are needed; too late (backend started) it warns and sets
+    nothing; the user's own flag is left as it is."""
     at_import = _run(tmp_path, CDIFF_XLA_FLAGS="1")
     assert str(at_import["status"]) == "set"
     assert f"--{_compiler._FLAG}=" in str(at_import["flags"])
-    assert not bool(at_import["ynn_plain"])
+    assert not bool(at_import["ynn_plain"]) and str(at_import["options"]) == "{}"
     late = _run(tmp_path, "--start-backend", "--configure")
     assert str(late["status"]) == "too late"
     assert "before the first JAX computation" in str(late["warnings"])
@@ -176,7 +182,7 @@ def test_options_where_jax_takes_them(without_the_flag):
 
 
 @pytest.mark.skipif(not CPU, reason="CPU option")
-def test_simulate_under_vmap_jit_and_grad(without_the_flag):
+def test_simulate_under_vmap_and_jit(without_the_flag):
     """`simulate` at the top level, under `jax.vmap` (its program compiled with
     the options) and under `jax.jit` (without: one warning, once) give the same
     numbers; under the studies' own compilation, which passes the options, no
