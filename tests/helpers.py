@@ -306,3 +306,120 @@ class Body(cdiff.AbstractModel):
 
     def integrate_position(self, q, dv):
         return quat_mul(q, quat_exp(dv))
+
+
+def max_abs(x) -> float:
+    """The largest absolute entry of `x`, as a Python float."""
+    return float(jnp.max(jnp.abs(x)))
+
+
+class FreeParticle(cdiff.AbstractModel):
+    """A free particle of unit mass in the plane: no forces, no constraints."""
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+
+def double_x(item):
+    """A cheap item function for `cdiff.studies.map_batches` (one tiny compilation):
+    `{"y": 2 x}`."""
+    return {"y": item["x"] * 2.0}
+
+
+def force_reference(t):
+    """The desired multiplier lambda_d(t) = 20 + 5 sin 3t that
+    `cdiff.control.HybridForceMotion` tracks on R8 (the arm on the unit circle)."""
+    return jnp.stack([20.0 + 5.0 * jnp.sin(3.0 * t)])
+
+
+# --- unilateral rows: the bouncing ball and the pendulum against a wall ------------
+# (tests/events/test_unilateral*.py, against closed forms and SciPy's event location)
+
+GRAVITY = 9.81
+
+
+class Ball(cdiff.AbstractModel):
+    """A ball of mass 2 at height q >= 0 under gravity."""
+
+    restitution: float = 0.5
+
+    def mass_matrix(self, t, q):
+        return 2.0 * jnp.eye(1, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.full_like(v, -2.0 * GRAVITY)
+
+    def energy(self, t, q, v):
+        return v @ v + 2.0 * GRAVITY * q[0]
+
+    def unilateral(self, t, q):
+        return q
+
+
+def ball_impacts(h0, e, n):
+    """The first `n` impact times and speeds of a ball dropped from rest at h0."""
+    t, u = np.sqrt(2 * h0 / GRAVITY), np.sqrt(2 * GRAVITY * h0)
+    times, speeds = [], []
+    for _ in range(n):
+        times.append(t)
+        speeds.append(u)
+        u *= e
+        t += 2 * u / GRAVITY
+    return np.array(times), np.array(speeds)
+
+
+def ball_height_closed_form(h0, e, t1=0.8):
+    """The height at `t1` of a ball dropped from rest at h0, after one bounce."""
+    s = np.sqrt(2 * h0 / GRAVITY)
+    u = e * GRAVITY * s
+    return u * (t1 - s) - 0.5 * GRAVITY * (t1 - s) ** 2
+
+
+def ball_height_derivative(h0=1.0, e=0.5, eps=1e-6):
+    """d q(T) / d(h0, e) of the closed form, by central differences."""
+    q = ball_height_closed_form
+    return ((q(h0 + eps, e) - q(h0 - eps, e)) / (2 * eps),
+            (q(h0, e + eps) - q(h0, e - eps)) / (2 * eps))
+
+
+T_RELEASE = 0.505  # inside a step of 0.01
+
+
+class LiftedBall(Ball):
+    """A ball resting on the ground, lifted by a force growing as 2 m g t / t_r: the
+    contact force m g (1 - t / t_r) pushes until t_r, then it would pull."""
+
+    def forces(self, t, q, v):
+        return jnp.full_like(v, -2.0 * GRAVITY + 2.0 * GRAVITY * t / T_RELEASE)
+
+
+class PendulumAgainstWall(cdiff.AbstractModel):
+    """A unit point mass on a rod of length l in Cartesian coordinates, and a wall
+    at x = -a: g = x + a >= 0."""
+
+    l: float = 1.0
+    a: float = 0.4
+    restitution: float = 0.6
+
+    def mass_matrix(self, t, q):
+        return jnp.eye(2, dtype=q.dtype)
+
+    def forces(self, t, q, v):
+        return jnp.array([0.0, -GRAVITY], q.dtype)
+
+    def energy(self, t, q, v):
+        return 0.5 * v @ v + GRAVITY * q[1]
+
+    def holonomic(self, t, q):
+        return jnp.atleast_1d(q @ q - self.l**2)
+
+    def unilateral(self, t, q):
+        return jnp.atleast_1d(q[0] + self.a)
+
+
+def wall_reference(theta0, l, a, e, t1, impacts):
+    """Impact times and angular speeds of the angle ODE (SciPy's event location,
+    `restitution_events`)."""
+    return restitution_events(lambda t, y: [y[1], -GRAVITY / l * np.sin(y[0])],
+                              lambda t, y: np.sin(y[0]) + a / l, [theta0, 0.0], e, t1,
+                              impacts)

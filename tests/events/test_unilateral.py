@@ -12,11 +12,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import (
+    GRAVITY,
+    T_RELEASE,
+    Ball,
+    LiftedBall,
+    PendulumAgainstWall,
+    ball_height_closed_form,
+    ball_height_derivative,
+    ball_impacts,
+)
 
 import cdiff
-from helpers import restitution_events
 
-GRAVITY = 9.81
 FORMULATIONS = {"udwadia-kalaba": cdiff.UdwadiaKalaba(),
                 "lagrange": cdiff.Lagrange(alpha=10.0, beta=10.0),
                 "projection": cdiff.Projection(),
@@ -26,36 +34,6 @@ FORMULATIONS = {"udwadia-kalaba": cdiff.UdwadiaKalaba(),
 RUNS = {name: dict(formulation=f) for name, f in FORMULATIONS.items()} | {
     "projected": dict(formulation=cdiff.Projection(),
                       solver=cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection()))}
-
-
-class Ball(cdiff.AbstractModel):
-    """A ball of mass 2 at height q >= 0 under gravity."""
-
-    restitution: float = 0.5
-
-    def mass_matrix(self, t, q):
-        return 2.0 * jnp.eye(1, dtype=q.dtype)
-
-    def forces(self, t, q, v):
-        return jnp.full_like(v, -2.0 * GRAVITY)
-
-    def energy(self, t, q, v):
-        return v @ v + 2.0 * GRAVITY * q[0]
-
-    def unilateral(self, t, q):
-        return q
-
-
-def ball_impacts(h0, e, n):
-    """The first `n` impact times and speeds of a ball dropped from rest at h0."""
-    t, u = np.sqrt(2 * h0 / GRAVITY), np.sqrt(2 * GRAVITY * h0)
-    times, speeds = [], []
-    for _ in range(n):
-        times.append(t)
-        speeds.append(u)
-        u *= e
-        t += 2 * u / GRAVITY
-    return np.array(times), np.array(speeds)
 
 
 @pytest.fixture(scope="module")
@@ -138,43 +116,10 @@ def test_regularized_holds_a_row_with_its_own_bias():
                                2 * GRAVITY, rtol=1e-12)
 
 
-class PendulumAgainstWall(cdiff.AbstractModel):
-    """A unit point mass on a rod of length l in Cartesian coordinates, and a wall
-    at x = -a: g = x + a >= 0."""
-
-    l: float = 1.0
-    a: float = 0.4
-    restitution: float = 0.6
-
-    def mass_matrix(self, t, q):
-        return jnp.eye(2, dtype=q.dtype)
-
-    def forces(self, t, q, v):
-        return jnp.array([0.0, -GRAVITY], q.dtype)
-
-    def energy(self, t, q, v):
-        return 0.5 * v @ v + GRAVITY * q[1]
-
-    def holonomic(self, t, q):
-        return jnp.atleast_1d(q @ q - self.l**2)
-
-    def unilateral(self, t, q):
-        return jnp.atleast_1d(q[0] + self.a)
-
-
-def wall_reference(theta0, l, a, e, t1, impacts):
-    """Impact times and angular speeds of the angle ODE (SciPy's event location,
-    `restitution_events`)."""
-    return restitution_events(lambda t, y: [y[1], -GRAVITY / l * np.sin(y[0])],
-                              lambda t, y: np.sin(y[0]) + a / l, [theta0, 0.0], e, t1,
-                              impacts)
-
-
 @pytest.fixture(scope="module")
-def wall_runs():
+def wall_runs(wall_release):
     model = PendulumAgainstWall()
-    theta0 = 0.6
-    q0 = jnp.array([np.sin(theta0), -np.cos(theta0)])
+    q0, reference = wall_release
 
     @jax.jit
     def run(q0):
@@ -182,7 +127,7 @@ def wall_runs():
                                      **kw)
                 for name, kw in RUNS.items()}
 
-    return model, wall_reference(theta0, 1.0, 0.4, 0.6, 3.0, 2), run(q0)
+    return model, reference, run(q0)
 
 
 @pytest.mark.parametrize("name", list(RUNS))
@@ -226,19 +171,6 @@ def _ball_height(h0, e, t1=0.8, dt=1e-2, formulation=cdiff.UdwadiaKalaba()):
     return sol.q[-1, 0]
 
 
-def _ball_height_closed_form(h0, e, t1=0.8):
-    s = np.sqrt(2 * h0 / GRAVITY)
-    u = e * GRAVITY * s
-    return u * (t1 - s) - 0.5 * GRAVITY * (t1 - s) ** 2
-
-
-def _ball_height_derivative(h0=1.0, e=0.5, eps=1e-6):
-    """d q(T) / d(h0, e) of the closed form, by central differences."""
-    q = _ball_height_closed_form
-    return ((q(h0 + eps, e) - q(h0 - eps, e)) / (2 * eps),
-            (q(h0, e + eps) - q(h0, e - eps)) / (2 * eps))
-
-
 @pytest.mark.parametrize("name", ["udwadia-kalaba", "null-space"])
 def test_gradient_through_an_impact(name):
     """d q(T) / d(h0, e) after one bounce, through the event time (implicit
@@ -247,14 +179,14 @@ def test_gradient_through_an_impact(name):
     height = functools.partial(_ball_height, formulation=FORMULATIONS[name])
     grad = jax.jit(jax.grad(height, argnums=(0, 1)))
     g_h, g_e = (float(x) for x in grad(1.0, 0.5))
-    np.testing.assert_allclose([g_h, g_e], _ball_height_derivative(), rtol=1e-8)
+    np.testing.assert_allclose([g_h, g_e], ball_height_derivative(), rtol=1e-8)
     if name != "udwadia-kalaba":
         return
     run = jax.jit(_ball_height)
     h = 1e-5
     sim_h = (float(run(1.0 + h, 0.5)) - float(run(1.0 - h, 0.5))) / (2 * h)
     np.testing.assert_allclose(g_h, sim_h, rtol=1e-6)
-    np.testing.assert_allclose(float(run(1.0, 0.5)), _ball_height_closed_form(1.0, 0.5),
+    np.testing.assert_allclose(float(run(1.0, 0.5)), ball_height_closed_form(1.0, 0.5),
                                rtol=0, atol=1e-12)
 
 
@@ -273,7 +205,7 @@ def test_forward_mode_through_an_impact():
         height, adjoint=diffrax.ForwardMode()), argnums=(0, 1)))(1.0, 0.5)
     reverse = jax.jit(jax.grad(height, argnums=(0, 1)))(1.0, 0.5)
     np.testing.assert_allclose(forward, reverse, rtol=1e-13)
-    np.testing.assert_allclose(forward, _ball_height_derivative(), rtol=1e-8)
+    np.testing.assert_allclose(forward, ball_height_derivative(), rtol=1e-8)
     with pytest.raises(ValueError, match="forward-mode.*own RK4 loop"):
         height(1.0, 0.5, adjoint=diffrax.ForwardMode(), solver=diffrax.Tsit5())
     # (jax.jacfwd with the default adjoint names both what it needs.)
@@ -312,7 +244,7 @@ def test_batch_has_its_own_events():
     batch = np.asarray(jax.jit(jax.vmap(_ball_height))(h0, e))
     loop = np.array([float(run(a, b)) for a, b in zip(h0, e)])
     np.testing.assert_allclose(batch, loop, rtol=0, atol=1e-14)
-    closed = [_ball_height_closed_form(float(a), float(b)) for a, b in zip(h0, e)]
+    closed = [ball_height_closed_form(float(a), float(b)) for a, b in zip(h0, e)]
     # Where the closed form holds: one bounce before T = 0.8, the second after it.
     first = np.sqrt(2 * np.asarray(h0) / GRAVITY)
     flying = (first < 0.8) & (first * (1 + 2 * np.asarray(e)) > 0.8)
@@ -423,17 +355,6 @@ def test_impact_refuses_a_restitution_outside_its_range():
 def test_restitution_is_a_field_that_eqx_can_replace():
     model = eqx.tree_at(lambda m: m.restitution, Ball(), 0.25)
     assert model.restitution == 0.25
-
-
-T_RELEASE = 0.505  # inside a step of 0.01
-
-
-class LiftedBall(Ball):
-    """A ball resting on the ground, lifted by a force growing as 2 m g t / t_r: the
-    contact force m g (1 - t / t_r) pushes until t_r, then it would pull."""
-
-    def forces(self, t, q, v):
-        return jnp.full_like(v, -2.0 * GRAVITY + 2.0 * GRAVITY * t / T_RELEASE)
 
 
 @pytest.mark.parametrize("name", ["udwadia-kalaba", "null-space"])

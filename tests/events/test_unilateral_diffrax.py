@@ -8,10 +8,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import (
+    GRAVITY,
+    T_RELEASE,
+    Ball,
+    LiftedBall,
+    PendulumAgainstWall,
+    ball_height_derivative,
+    ball_impacts,
+)
 
 import cdiff
-from test_unilateral import (GRAVITY, T_RELEASE, Ball, LiftedBall, PendulumAgainstWall,
-                             _ball_height_derivative, ball_impacts, wall_reference)
 
 PID = diffrax.PIDController(rtol=1e-10, atol=1e-10)
 SAVE_TS = np.linspace(0.0, 2.5, 126)
@@ -100,18 +107,16 @@ def test_batch_with_adaptive_steps_has_each_members_events(ball_adaptive):
         solver=cdiff.Projected(diffrax.Dopri8(), cdiff.NewtonProjection()),
         stepsize_controller=diffrax.PIDController(rtol=1e-12, atol=1e-12))),
 ])
-def test_pendulum_against_a_wall_with_diffrax_solvers(name, kw):
-    """Against SciPy's event location on the angle ODE (tests/events/test_unilateral.py):
+def test_pendulum_against_a_wall_with_diffrax_solvers(name, kw, wall_release):
+    """Against SciPy's event location on the angle ODE (tests/events/conftest.py):
     impact times to 1e-9 and the energy ratio e^2 (NullSpace takes a new basis at
     each event); with `Projected`, every saved state (steps, and the events' states
     after their impacts) on the circle to round-off."""
-    theta0 = 0.6
-    q0 = jnp.array([np.sin(theta0), -np.cos(theta0)])
+    q0, reference = wall_release
     kw = {"formulation": cdiff.UdwadiaKalaba(), **kw}
     sol = cdiff.simulate(PendulumAgainstWall(), q0=q0, v0=jnp.zeros(2), t1=3.0, dt=2e-3,
                          **kw)
     assert sol.result == cdiff.RESULTS.successful
-    reference = wall_reference(theta0, 1.0, 0.4, 0.6, 3.0, 2)
     ev = sol.stats["events"]
     assert int(ev.count) == 2
     np.testing.assert_allclose(np.asarray(ev.t[:2]), reference[:, 0], rtol=0,
@@ -153,7 +158,7 @@ def test_gradient_through_an_impact_with_adaptive_steps():
         return sol.q[-1, 0]
 
     g_h, g_e = (float(x) for x in jax.jit(jax.grad(height, argnums=(0, 1)))(1.0, 0.5))
-    np.testing.assert_allclose([g_h, g_e], _ball_height_derivative(), rtol=1e-8)
+    np.testing.assert_allclose([g_h, g_e], ball_height_derivative(), rtol=1e-8)
 
 
 def test_what_diffrax_cannot_take_is_named():

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Duplicated, Skate
+from helpers import Duplicated, FreeParticle, Skate
 
 import cdiff
 from cdiff import analysis
@@ -41,22 +41,15 @@ def test_rank_and_index_of_the_slider_crank():
     assert float(analysis.reduction_index_matrix(model, 0.0, singular).cond) > 1e12
 
 
-class _Free(cdiff.AbstractModel):
-    """A free particle in the plane: no constraints."""
-
-    def mass_matrix(self, t, q):
-        return jnp.eye(2, dtype=q.dtype)
-
-
 def test_degenerate_input_is_named():
     """No constraints, a NaN configuration and a negative mass are refused by name
     (they raised a bare IndexError, or read as a singular point, rank 0 and no
     index, or as a perfectly conditioned one, condition number 1)."""
-    free, q = _Free(), jnp.zeros(2)
+    free, q = FreeParticle(), jnp.zeros(2)
     assert analysis.differential_index(free, 0.0, q) == 0  # an ODE: index 0
-    with pytest.raises(ValueError, match="_Free has no holonomic constraints"):
+    with pytest.raises(ValueError, match="FreeParticle has no holonomic constraints"):
         analysis.reduction_index_matrix(free, 0.0, q)
-    with pytest.raises(ValueError, match="_Free has no holonomic constraints"):
+    with pytest.raises(ValueError, match="FreeParticle has no holonomic constraints"):
         analysis.singular_configurations(free, q[None])
     model = cdiff.models.SliderCrank()
     nan = _slider_crank_at(np.pi / 4).at[0].set(jnp.nan)

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import force_reference
 
 import cdiff
 from cdiff.control import HybridForceMotion, PassiveJoints, ProjectedInverseDynamics
@@ -46,10 +47,6 @@ def arm_reference(t):
     th, dth, ddth = _theta1_d(t)
     z = jnp.zeros_like(th)
     return jnp.stack([th, z + TH2]), jnp.stack([dth, z]), jnp.stack([ddth, z])
-
-
-def lambda_reference(t):
-    return jnp.stack([20.0 + 5.0 * jnp.sin(3.0 * t)])
 
 
 ARM_Q0 = jnp.array([0.3 - E0, TH2])  # e(0) = -0.05 rad along the circle
@@ -115,7 +112,7 @@ def test_hybrid_force_and_motion_laws_on_r8():
     algebraic loop closed at every stage) follows eq. 50's law, whose closed form
     is `predicted_force_error`."""
     gf, gi, z0 = 1.0, 4.0, 2.0
-    ctrl = HybridForceMotion(ARM, arm_reference, GP, GD, lambda_reference, gf=gf,
+    ctrl = HybridForceMotion(ARM, arm_reference, GP, GD, force_reference, gf=gf,
                              gi=gi, integral0=jnp.array([z0]))
     sol = cdiff.simulate(ARM, cdiff.UdwadiaKalaba(), ARM_Q0, ARM_V0, t1=T1, dt=DT,
                          control=ctrl)
@@ -129,7 +126,7 @@ def test_hybrid_force_and_motion_laws_on_r8():
     e_exact = -k * z0 * np.exp(-k * ts)
     np.testing.assert_allclose(jax.vmap(ctrl.predicted_force_error)(sol.ts)[:, 0],
                                e_exact, rtol=0, atol=5e-15)  # measured 8.9e-16
-    e_lam = np.asarray(lambda_reference(sol.ts)[0] - sol.multipliers[:, 0])
+    e_lam = np.asarray(force_reference(sol.ts)[0] - sol.multipliers[:, 0])
     assert np.max(np.abs(e_lam - e_exact)) < 1e-12  # measured 2.4e-13
     assert abs(e_lam[0]) > 1.0  # a visible transient
     # ...with the integrator z' = e saved along the run (e = -K z)...
@@ -138,7 +135,7 @@ def test_hybrid_force_and_motion_laws_on_r8():
     # ...and on the force e_f = A^T e_lambda (A is constant on the circle).
     A = np.asarray(jax.vmap(jax.jacfwd(ARM.holonomic, argnums=1), (None, 0))(
         0.0, sol.q))[:, 0, :]
-    e_f = A * np.asarray(lambda_reference(sol.ts)[0])[:, None] - np.asarray(
+    e_f = A * np.asarray(force_reference(sol.ts)[0])[:, None] - np.asarray(
         sol.constraint_force)
     assert np.max(np.abs(e_f - A * e_exact[:, None])) < 1.5e-12  # measured 4.1e-13
 
@@ -340,7 +337,7 @@ def test_gains_are_validated():
     with pytest.raises(ValueError, match="gp"):
         ProjectedInverseDynamics(ARM, arm_reference, -1.0, GD)
     with pytest.raises(ValueError, match="gi"):
-        HybridForceMotion(ARM, arm_reference, GP, GD, lambda_reference, gi=-1.0)
+        HybridForceMotion(ARM, arm_reference, GP, GD, force_reference, gi=-1.0)
 
 
 # --- Yun & Sarkar: computed-torque state feedback on eq. 28 (NullSpace) -----

@@ -27,6 +27,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from helpers import force_reference
 from scipy.integrate import solve_ivp
 
 import cdiff
@@ -59,13 +60,9 @@ def reference(t):
     return jnp.asarray(Q_D), z, z
 
 
-def lambda_d(t):
-    return jnp.stack([20.0 + 5.0 * jnp.sin(3.0 * t)])
-
-
 def hybrid(gf, gi, scale=MISMATCH):
-    return HybridForceMotion(controller_model(scale), reference, GP, GD, lambda_d,
-                             gf=gf, gi=gi)
+    return HybridForceMotion(controller_model(scale), reference, GP, GD,
+                             force_reference, gf=gf, gi=gi)
 
 
 @jax.jit
@@ -81,7 +78,7 @@ def _runs():
 
 
 def _force_error(sol):
-    return np.asarray(lambda_d(sol.ts)[0] - sol.multipliers[:, 0])
+    return np.asarray(force_reference(sol.ts)[0] - sol.multipliers[:, 0])
 
 
 # --- the independent reference ------------------------------------------------
@@ -190,7 +187,7 @@ def test_integral_action_removes_the_error_at_the_rate_of_eq_50():
     # The loop and the integrator: (1 + G_F) e = -G_I z - delta (measured 3.6e-14 N).
     assert np.max(np.abs((1 + GF) * e + GI * z + _delta(sol))) < 1.5e-13
     # Decays below 1e-6 of the commanded force (measured 8.3e-9 at t = 3 s)...
-    assert abs(e[-1]) / float(lambda_d(T1)[0]) < 8e-8
+    assert abs(e[-1]) / float(force_reference(T1)[0]) < 8e-8
     # ...at eq. 50's rate K = G_I / (1 + G_F) = 5 /s once the motion has settled
     # (log-linear fit over the last second: measured 5.0010 /s, the motion's
     # own decay still in it).
@@ -255,7 +252,7 @@ def _loss(ctrl):
     """Mean squared force error over a 1 s closed-loop run."""
     sol = cdiff.simulate(PLANT, cdiff.Lagrange(), Q0, V0, t1=LOSS_T1, dt=LOSS_DT,
                          control=ctrl)
-    return jnp.mean((lambda_d(sol.ts)[0] - sol.multipliers[:, 0]) ** 2)
+    return jnp.mean((force_reference(sol.ts)[0] - sol.multipliers[:, 0]) ** 2)
 
 
 def _loss_of_gains(gf, gi, scale):
@@ -427,11 +424,12 @@ def test_clear_errors():
         cdiff.simulate(PLANT, cdiff.GGL(), Q0, V0, t1=0.01, dt=DT,
                        solver=cdiff.BDF(), control=hybrid(GF, GI))
     # The controller's model must have the plant's coordinates and constraints.
-    wrong = HybridForceMotion(TwoLinkOnCircle(), reference, GP, GD, lambda_d)
+    wrong = HybridForceMotion(TwoLinkOnCircle(), reference, GP, GD, force_reference)
     with pytest.raises(ValueError, match="same coordinates"):
         cdiff.simulate(PLANT, cdiff.Lagrange(), Q0, V0, t1=0.01, dt=DT,
                        control=wrong)
-    unconstrained = HybridForceMotion(_Unconstrained(), reference, GP, GD, lambda_d)
+    unconstrained = HybridForceMotion(_Unconstrained(), reference, GP, GD,
+                                      force_reference)
     with pytest.raises(ValueError, match="constraint rows"):
         cdiff.simulate(PLANT, cdiff.Lagrange(), Q0, V0, t1=0.01, dt=DT,
                        control=unconstrained)

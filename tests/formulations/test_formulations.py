@@ -9,6 +9,7 @@ from helpers import (
     Duplicated,
     Skate,
     dynamics_at,
+    max_abs,
     rk4_minimal_slider_crank,
     slider_crank_run,
 )
@@ -29,10 +30,6 @@ def _slider_error(sol):
     return float(jnp.max(err))
 
 
-def _max(x):
-    return float(jnp.max(jnp.abs(x)))
-
-
 # --- R2, dt = 1e-2: constraint and energy correction (Fig. 3) -------------------
 
 
@@ -42,14 +39,14 @@ def test_slider_crank_constraint_correction_is_steady():
     # 100 / 10000 rounds to the double nearest 1e-2 (measured equal).
     assert float(sol.dt) == 1e-2
     phi = jnp.abs(sol.holonomic_residual)
-    assert _max(phi) <= 1e-7  # measured 1.22e-8
+    assert max_abs(phi) <= 1e-7  # measured 1.22e-8
     # Steady: the last 10 s no worse than twice the first (measured equal to 0.4%).
-    first, last = _max(phi[:1000]), _max(phi[-1000:])
+    first, last = max_abs(phi[:1000]), max_abs(phi[-1000:])
     assert last <= 2 * first
     # The energy correction must not disturb the constraint errors (Fig. 3a-b):
     # measured 1.4% apart.
     plain = slider_crank_run(UK_C, 1e-2)
-    assert _max(plain.holonomic_residual) == pytest.approx(_max(phi), rel=0.05)
+    assert max_abs(plain.holonomic_residual) == pytest.approx(max_abs(phi), rel=0.05)
 
 
 def test_slider_crank_energy_correction_stops_drift():
@@ -57,13 +54,13 @@ def test_slider_crank_energy_correction_stops_drift():
     without = slider_crank_run(UK_C, 1e-2)
     err = jnp.abs(with_e.energy - with_e.energy[0])
     # The README's figure: |E - E0| at 1.2e-6 over 100 s (measured 1.17e-6).
-    assert _max(err) < 1.5e-6
+    assert max_abs(err) < 1.5e-6
     # No growth: the last 10 s are no worse than twice the first 10 s (measured
     # equal to 0.3%).
-    assert _max(err[-1000:]) <= 2 * _max(err[:1000])
+    assert max_abs(err[-1000:]) <= 2 * max_abs(err[:1000])
     # Without correction the energy drifts; with it, it stays 20x lower (measured
     # 2.68e-5 against 1.17e-6: 23x).
-    assert _max(without.energy - without.energy[0]) > 20 * _max(err)
+    assert max_abs(without.energy - without.energy[0]) > 20 * max_abs(err)
     # The overall (slider) error improves too (Fig. 3d): measured 3.0e-5 m
     # against 8.7e-4 m.
     assert _slider_error(with_e) < 3e-4
@@ -159,7 +156,7 @@ def test_particle_on_circle_baumgarte():
         sol = cdiff.simulate(model, cdiff.Lagrange(alpha, beta), q0, v0, t1=40.0,
                              dt=2e-2)
         phi = jnp.abs(sol.holonomic_residual[:, 0])
-        return _max(phi[: phi.shape[0] // 4]), _max(phi[-(phi.shape[0] // 4) :])
+        return max_abs(phi[: phi.shape[0] // 4]), max_abs(phi[-(phi.shape[0] // 4) :])
 
     # Measured: unstabilised 4.8e-4 in the first quarter, 7.9e-3 in the last;
     # stabilised 1.66e-6 and 1.64e-6.
@@ -189,8 +186,8 @@ def test_skate_matches_exact_solution(formulation, error, slip):
     q0, v0 = (jnp.asarray(x[0]) for x in Skate.exact(np.zeros(1)))
     sol = cdiff.simulate(model, formulation, q0, v0, t1=5.0, dt=1e-2)
     q_exact, _ = Skate.exact(np.asarray(sol.ts))
-    assert _max(sol.q - q_exact) < error
-    assert _max(sol.velocity_residual) < slip
+    assert max_abs(sol.q - q_exact) < error
+    assert max_abs(sol.velocity_residual) < slip
 
 
 def test_skate_nonholonomic_drift_is_corrected():
@@ -201,7 +198,7 @@ def test_skate_nonholonomic_drift_is_corrected():
     # The slip left after 2 s: measured 6.2e-9 (Baumgarte), 2.7e-11 (UK).
     for formulation, bound in ((cdiff.Lagrange(alpha=10.0), 6e-8), (UK_C, 2.5e-10)):
         sol = cdiff.simulate(model, formulation, q0, v0, t1=2.0, dt=1e-2)
-        assert _max(sol.velocity_residual[-1]) < bound
+        assert max_abs(sol.velocity_residual[-1]) < bound
 
 
 # --- Agreement and redundancy -----------------------------------------------------
@@ -216,7 +213,7 @@ def test_formulations_agree_at_small_step():
                      (UK_CE, 8e-11)):
         sol = cdiff.simulate(model, f, q0, v0, t1=2.0, dt=1e-3,
                              saveat=cdiff.SaveAt(t1=True))
-        assert _max(sol.q[-1] - ref) < bound, f
+        assert max_abs(sol.q[-1] - ref) < bound, f
 
 
 @pytest.mark.parametrize("formulation", [cdiff.Lagrange(10.0, 10.0), UK_CE], ids=repr)
@@ -228,7 +225,7 @@ def test_redundant_constraints_change_nothing(formulation):
     redundant = cdiff.simulate(Duplicated(model), formulation, q0, v0, **kw)
     # Round-off (measured 8.9e-15 for Baumgarte, 1.8e-15 for UK).
     bound = 4e-14 if isinstance(formulation, cdiff.Lagrange) else 8e-15
-    assert _max(plain.q - redundant.q) < bound
+    assert max_abs(plain.q - redundant.q) < bound
 
 
 def test_kkt_at_the_singular_configuration():
@@ -298,6 +295,6 @@ def test_adaptive_diffrax_solvers(solver):
         saveat=cdiff.SaveAt(ts=jnp.linspace(0.1, 1.0, 10)))
     assert sol.message == ""
     ref = model.reference(sol.ts)
-    err = _max(model.slider(sol.q) - model.slider(ref.q))
+    err = max_abs(model.slider(sol.q) - model.slider(ref.q))
     # Measured 1.3e-8 (Tsit5), 9.6e-10 (Kvaerno5).
     assert err < {"Tsit5": 5e-8, "Kvaerno5": 4e-9}[type(solver).__name__], err

@@ -256,6 +256,7 @@ def test_a_blow_up_on_inconsistent_constraints_names_the_cause(formulation, t1, 
     with pytest.raises(RuntimeError, match="constraints are inconsistent"):
         cdiff.simulate(Circles(), formulation, q0, v0, t1=t1, dt=dt)
     # Control: without the test, the same solve reports its symptom.
+    # private on purpose: switches off simulate's internal test (no public switch)
     import cdiff._simulate as simulate_module
 
     monkeypatch.setattr(simulate_module, "_inconsistency",

@@ -6,6 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+# private on purpose: the linear-algebra kernel, used only inside the formulations
 from cdiff._linalg import MassFactor, PseudoInverse
 
 EPS64 = float(np.finfo(np.float64).eps)
@@ -483,6 +484,7 @@ def test_mass_factor_ok_under_jit_and_vmap():
 
 # --- The unrolled small-matrix kernels against LAPACK -----------------------------
 
+# private on purpose: the unrolled small-matrix kernels, used only inside cdiff
 from cdiff._linalg import (  # noqa: E402
     UNROLL,
     _damped_solve,

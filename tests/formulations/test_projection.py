@@ -12,23 +12,20 @@ from helpers import (
     Duplicated,
     dynamics_at,
     kkt_numpy,
+    max_abs,
     slider_crank_exact_scipy,
     slider_crank_numpy,
+    slider_crank_saved,
     slider_crank_theta_ddot,
 )
 
 import cdiff
 
-# private on purpose: Theorem 2 and Propositions 1-2 are properties of these kernels
-# (P and M_c are not returned by any public call).
+# private on purpose: Theorem 2, Props. 1-2 concern P and M_c; no public call gives them
 from cdiff._formulation.projection import constraint_inertia, projector
 from cdiff._linalg import PseudoInverse
 
 INERTIAS = ["Mc", "Mc_sym", "Mc_gamma"]
-
-
-def _mx(x):
-    return float(np.max(np.abs(np.asarray(x))))
 
 
 def _random_case(seed, n=5, kind="full"):
@@ -56,7 +53,7 @@ def test_constraint_inertia_properties(seed, kind):
     # Round-off throughout, at the scale of each quantity (measured over all cases:
     # 0.25-1 eps, 0.24-0.97 eps |A|, 0.25-0.98 eps |Ms| and 0-2.2e-16 relative).
     np.testing.assert_allclose(P @ P, P, rtol=0, atol=2 * EPS)
-    np.testing.assert_allclose(A @ P, 0.0, rtol=0, atol=2 * EPS * _mx(A))
+    np.testing.assert_allclose(A @ P, 0.0, rtol=0, atol=2 * EPS * max_abs(A))
     Mc, _ = constraint_inertia(M, P, "Mc")
     assert float(jnp.min(jnp.linalg.eigvalsh((Mc + Mc.T) / 2))) > 0  # p.d.
     assert float(jnp.max(jnp.abs(Mc - Mc.T))) > 1e-6  # but not symmetric
@@ -64,7 +61,7 @@ def test_constraint_inertia_properties(seed, kind):
     assert float(qdot @ Mc @ qdot) == pytest.approx(float(qdot @ M @ qdot), rel=1e-15,
                                                     abs=0)
     Ms, _ = constraint_inertia(M, P, "Mc_sym")
-    np.testing.assert_allclose(Ms, Ms.T, rtol=0, atol=2 * EPS * _mx(Ms))
+    np.testing.assert_allclose(Ms, Ms.T, rtol=0, atol=2 * EPS * max_abs(Ms))
     assert float(jnp.min(jnp.linalg.eigvalsh(Ms))) > 0
     Mg, _ = constraint_inertia(M, P, "Mc_gamma")
     assert float(jnp.min(jnp.linalg.svd(Mg, compute_uv=False))) > 1e-6
@@ -204,15 +201,6 @@ def test_particle_on_circle_force_is_eq_35():
     np.testing.assert_allclose(P, jnp.outer(t, t), rtol=0, atol=3e-16)
 
 
-@functools.cache
-def _slider_crank_run(formulation, t1=3.0):
-    model = cdiff.models.SliderCrank()
-    q0, v0 = model.initial_state()
-    ts = jnp.linspace(0.0, t1, 61)
-    return cdiff.simulate(model, formulation, q0, v0, t1=t1, dt=1e-3,
-                          saveat=cdiff.SaveAt(ts=ts))
-
-
 def _exact_constraint_force(ts):
     """R2's constraint force and minimum-norm multipliers along the exact motion, in
     NumPy: theta1 by SciPy (DOP853 at 1e-13) on the hand-derived equation of motion,
@@ -249,12 +237,13 @@ def test_slider_crank_agrees_with_the_exact_solution(inertia):
     """Over 3 s (through the singular configuration theta1 = -pi/2 at t = 0.5 s):
     theta1, the constraint force and the multipliers against the exact motion
     (NumPy/SciPy); cdiff.UdwadiaKalaba as an extra."""
-    proj = _slider_crank_run(cdiff.Projection(inertia))
-    uk = _slider_crank_run(cdiff.UdwadiaKalaba())
+    # Saved every 0.05 s (61 rows), dt = 1e-3.
+    proj = slider_crank_saved(cdiff.Projection(inertia), t1=3.0)
+    uk = slider_crank_saved(cdiff.UdwadiaKalaba(), t1=3.0)
     theta, force, lam = _exact_constraint_force(np.asarray(proj.ts))
     theta_bound, force_bound, lambda_bound = SLIDER_CRANK_BOUNDS[inertia]
-    assert _mx(proj.q[:, 2] - theta) < theta_bound
-    assert _mx(proj.q[:, 2] - uk.q[:, 2]) < theta_bound
+    assert max_abs(proj.q[:, 2] - theta) < theta_bound
+    assert max_abs(proj.q[:, 2] - uk.q[:, 2]) < theta_bound
     # The constraint force and the multipliers away from the singularity, where
     # A has full rank (near it the force differs from the exact motion's by up to
     # 2.6e-3 (Mc), 6.4e-4 (Mc_sym), 3.6e-5 (Mc_gamma) at the saved rows).
@@ -277,7 +266,7 @@ def test_redundant_constraints_change_nothing():
     redundant = cdiff.simulate(Duplicated(model), cdiff.Projection(), q0, v0, **kw)
     # Measured 2.9e-12 (both builds) where this was written, 2.4e-11 on an AMD EPYC
     # with AVX2: the damped pseudoinverse amplifies the CPU's rounding.
-    assert _mx(plain.q - redundant.q) < 1e-10
+    assert max_abs(plain.q - redundant.q) < 1e-10
     np.testing.assert_allclose(redundant.constraint_force, plain.constraint_force,
                                rtol=0, atol=1.5e-7)  # 4.4e-9 there, 3.7e-8 here
 
@@ -312,7 +301,7 @@ def test_damping_removes_a_vanishing_constraint_as_eq_68():
                             model.forces(0.0, singular, v) + u)
     # Measured 0 (the same arithmetic once P = I); free = (1, 0.5): 2 ulp relative.
     np.testing.assert_allclose(qdd(damped, singular), free, rtol=4.5e-16, atol=0)
-    assert _mx(qdd(plain, singular) - free) > 1e-3  # measured 0.81
+    assert max_abs(qdd(plain, singular) - free) > 1e-3  # measured 0.81
     regular = jnp.array([-jnp.pi / 2 + 1e-3, 3 * jnp.pi - 2e-3])
     # Measured 3.9e-14 (on accelerations of 1.6e-3 and 3.1e-3).
     np.testing.assert_allclose(qdd(damped, regular), qdd(plain, regular), rtol=0,

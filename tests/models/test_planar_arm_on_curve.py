@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import EPS, stack_curves
+from helpers import EPS, max_abs, stack_curves
 
 import cdiff
 from cdiff.models import PlanarArmOnCurve
@@ -22,10 +22,6 @@ from cdiff.models import PlanarArmOnCurve
 CURVES = ("line_x1", "line_x0", "circle")
 T_RELEASE = 0.5
 TS = jnp.linspace(T_RELEASE, 3.0, 251)  # every 0.01 s after the release
-
-
-def _max(x):
-    return float(jnp.max(jnp.abs(x)))
 
 
 @functools.cache
@@ -127,8 +123,8 @@ def test_initial_states_are_regular_and_on_the_curves():
         q0, v0 = model.initial_state()
         phi_bound, q_bound, p_bound = bounds[curve]
         np.testing.assert_array_equal(q0, model.hold)
-        assert _max(v0) == 0.0
-        assert _max(model.holonomic(0.0, q0)) < phi_bound
+        assert max_abs(v0) == 0.0
+        assert max_abs(model.holonomic(0.0, q0)) < phi_bound
         np.testing.assert_allclose(q0, expected[curve][0], rtol=0, atol=q_bound)
         np.testing.assert_allclose(model.end_effector(q0), expected[curve][1],
                                    rtol=0, atol=p_bound)
@@ -159,11 +155,11 @@ def test_singular_configurations_of_proposition_1():
             # Exact: cos rounds to -1 at pi and to 1 at 0 and 2 pi, so x = l1 cos
             # + l2 cos is 0 (l1 = l2; measured 0 in both builds). A: measured
             # 1.2e-16 and 2.5e-16, and 1.1e-32 and 3.2e-32 (A^2).
-            assert _max(model.holonomic(0.0, q)) == 0.0
+            assert max_abs(model.holonomic(0.0, q)) == 0.0
             A = jax.jacfwd(model.holonomic, argnums=1)(0.0, q)  # phi_x J
-            assert _max(A) < 1e-15
+            assert max_abs(A) < 1e-15
             phi = cdiff.analysis.reduction_index_matrix(model, 0.0, q).phi
-            assert _max(phi) < 1e-31
+            assert max_abs(phi) < 1e-31
         # Every configuration the search finds is one of the two (mod 2 pi).
         assert found.shape[0] > 10
         wrapped = np.abs(np.mod(found + np.pi, 2 * np.pi) - np.pi)
@@ -204,14 +200,14 @@ def test_held_at_rest_until_release_vmapped_over_the_curves():
     sol = jax.vmap(run)(coefficients, holds)
     assert sol.q.shape == (3, 51, 2)
     # Exactly at rest: the holding torque is G(hold) itself, so the forces vanish.
-    assert _max(sol.q - holds[:, None]) == 0.0
-    assert _max(sol.v[:, :-1]) == 0.0
+    assert max_abs(sol.q - holds[:, None]) == 0.0
+    assert max_abs(sol.v[:, :-1]) == 0.0
     for i, curve in enumerate(CURVES):
         model = PlanarArmOnCurve(curve)
         a = _free_acceleration(model, model.hold)
         # Measured 8.7e-18 to 1.2e-17 (on velocities of 2e-3 to 2e-2).
         np.testing.assert_allclose(sol.v[i, -1], 1e-2 / 6 * a, rtol=0, atol=5e-17)
-        assert _max(a) > 1.0
+        assert max_abs(a) > 1.0
 
 
 def test_vmap_over_the_curves():
@@ -226,7 +222,7 @@ def test_vmap_over_the_curves():
         return model.holonomic(1.0, h), index, model.forces(1.0, h, jnp.ones(2))
 
     residual, index, forces = jax.vmap(at_start)(coefficients, holds)
-    assert _max(residual) < 1e-15  # measured 2.2e-16
+    assert max_abs(residual) < 1e-15  # measured 2.2e-16
     for i, curve in enumerate(CURVES):
         model = PlanarArmOnCurve(curve)
         q0, _ = model.initial_state()
@@ -253,19 +249,20 @@ def test_vmap_over_the_curves():
 )
 def test_free_motion_agrees_with_the_minimal_reference(curve, q_tol, v_tol, e_tol):
     sol, ref = _run(curve), _reference(curve)
-    assert _max(sol.q - ref.q) < q_tol
-    assert _max(sol.v - ref.v) < v_tol
+    assert max_abs(sol.q - ref.q) < q_tol
+    assert max_abs(sol.v - ref.v) < v_tol
     assert float(sol.max_energy_error) < e_tol  # conserved after the release
     # Measured 2.9e-15 (circle), 1.5e-12 (x = 1).
-    assert _max(sol.holonomic_residual) < {"circle": 1.5e-14, "line_x1": 6e-12}[curve]
+    bound = {"circle": 1.5e-14, "line_x1": 6e-12}[curve]
+    assert max_abs(sol.holonomic_residual) < bound
     assert float(jnp.ptp(ref.q[:, 0])) > 2.0  # the arm swings
 
 
 def test_circle_keeps_the_elbow_angle():
     """On |p| = 1 the elbow angle is fixed: a compound pendulum about the base."""
     sol, ref = _run("circle"), _reference("circle")
-    assert _max(ref.q[:, 1] + 2 * jnp.pi / 3) < 1e-15
-    assert _max(sol.q[:, 1] + 2 * jnp.pi / 3) < 6e-15  # measured 1.3e-15
+    assert max_abs(ref.q[:, 1] + 2 * jnp.pi / 3) < 1e-15
+    assert max_abs(sol.q[:, 1] + 2 * jnp.pi / 3) < 6e-15  # measured 1.3e-15
 
 
 def test_single_solve_across_the_release_with_a_jump_time():
@@ -283,8 +280,8 @@ def test_single_solve_across_the_release_with_a_jump_time():
                          solver=diffrax.Tsit5(), stepsize_controller=controller,
                          saveat=cdiff.SaveAt(ts=ts))
     ref = model.reference(ts)
-    assert _max(sol.q[ts < T_RELEASE] - q0) == 0.0  # exactly at rest, as above
-    assert _max(sol.q - ref.q) < 6e-10
+    assert max_abs(sol.q[ts < T_RELEASE] - q0) == 0.0  # exactly at rest, as above
+    assert max_abs(sol.q - ref.q) < 6e-10
 
 
 def test_x0_end_effector_falls_into_the_singular_base():
@@ -296,7 +293,7 @@ def test_x0_end_effector_falls_into_the_singular_base():
     before = TS <= 1.09
     p = model.end_effector(sol.q[before])
     # On the y axis, falling monotonically to the base.
-    assert _max(p[:, 0]) < 4e-15  # measured 8.9e-16
+    assert max_abs(p[:, 0]) < 4e-15  # measured 8.9e-16
     assert bool(jnp.all(jnp.diff(p[:, 1]) < 0))
     assert float(p[0, 1]) == pytest.approx(1.7552, abs=1e-4)
     assert 0.0 < float(p[-1, 1]) < 0.01  # measured 3.5e-3 at t = 1.09
@@ -312,7 +309,7 @@ def test_x0_end_effector_falls_into_the_singular_base():
     phi = index.phi[:, 0, 0]
     assert float(phi[0]) > 0.3 and float(phi[i - 1]) < 1e-4 * float(phi[0])
     # Up to there the simulation is the reference (measured 3.1e-12).
-    assert _max(sol.q[before] - ref.q[before]) < 1.5e-11
+    assert max_abs(sol.q[before] - ref.q[before]) < 1.5e-11
 
 
 def test_x0_udwadia_kalaba_passes_the_singular_configurations():
@@ -323,7 +320,7 @@ def test_x0_udwadia_kalaba_passes_the_singular_configurations():
     (measured max |q - q_ref| = 3.7e-10 over the whole run)."""
     sol, ref = _run("line_x0"), _reference("line_x0")
     assert float(jnp.min(ref.q[:, 0])) < -np.pi  # both singular passages
-    assert _max(sol.q - ref.q) < 1.5e-9
+    assert max_abs(sol.q - ref.q) < 1.5e-9
     assert float(sol.max_energy_error) < 4e-7  # measured 9.5e-8 J
 
 
@@ -331,7 +328,7 @@ def test_reference_before_release_and_off_curve_hold():
     model = PlanarArmOnCurve("circle")
     ref = model.reference(jnp.array([0.0, 0.25, 0.49]))
     np.testing.assert_array_equal(ref.q, jnp.broadcast_to(model.hold, (3, 2)))
-    assert _max(ref.v) == 0.0
+    assert max_abs(ref.v) == 0.0
     with pytest.raises(ValueError, match="off the curve"):
         PlanarArmOnCurve("circle", hold=[0.3, 0.0]).reference(jnp.array([1.0]))
 

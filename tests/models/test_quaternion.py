@@ -11,8 +11,7 @@ from helpers import Body, quat_exp, quat_mul, rotation
 
 import cdiff
 
-# No public name: cdiff's reference solver (Dopri8 at 1e-12), used for this file's
-# own minimal ODEs.
+# private on purpose: the models' internal reference solver, on this file's own ODEs
 from cdiff.models._reference import solve_minimal
 
 

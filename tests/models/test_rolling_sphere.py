@@ -15,8 +15,7 @@ import cdiff
 from cdiff import kinematics
 from cdiff.models import RollingSphere
 
-# No public name: cdiff's reference solver (Dopri8 at 1e-12), used for this file's
-# own minimal ODE of the free sphere.
+# private on purpose: the models' internal reference solver, on this file's own ODE
 from cdiff.models._reference import solve_minimal
 
 T1, DT = 10.0, 0.01

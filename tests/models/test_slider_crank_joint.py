@@ -11,12 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import max_abs
 
 import cdiff
 from cdiff import kinematics
 
-# private on purpose: eqs. 68-69 are properties of these kernels (P and M_c are not
-# returned by any public call).
+# private on purpose: eqs. 68-69 concern P and M_c; no public call gives them
 from cdiff._formulation.projection import constraint_inertia, projector
 from cdiff._linalg import PseudoInverse
 from cdiff.models import SliderCrankJoint
@@ -40,10 +40,6 @@ def _run(formulation, projected, w1=0.0, dt=1e-3):
 @functools.cache
 def _reference(w1=0.0):
     return SliderCrankJoint().reference(TS[1:], w1=w1)
-
-
-def _max(x):
-    return float(jnp.max(jnp.abs(x)))
 
 
 def _crossings(q1):
@@ -119,12 +115,12 @@ def test_reference_conserves_energy_and_c_vanishes_on_the_branch():
     q0, v0 = model.initial_state()
     e0 = model.energy(0.0, q0, v0)
     energy = jax.vmap(lambda q, v: model.energy(0.0, q, v))(ref.q, ref.v)
-    assert _max(energy - e0) < 2e-9
+    assert max_abs(energy - e0) < 2e-9
     kin = jax.vmap(lambda q, v: kinematics(model, 0.0, q, v))(ref.q[::10], ref.v[::10])
-    assert _max(kin.phi_q) < 1e-14  # measured 1.1e-15
-    assert _max(kin.dphi_q) < 1.5e-14  # measured 3.4e-15
-    assert _max(kin.b_v) < 6e-14  # measured 1.7e-14
-    assert _max(ref.v) > 3.0  # a real motion, not rest
+    assert max_abs(kin.phi_q) < 1e-14  # measured 1.1e-15
+    assert max_abs(kin.dphi_q) < 1.5e-14  # measured 3.4e-15
+    assert max_abs(kin.b_v) < 6e-14  # measured 1.7e-14
+    assert max_abs(ref.v) > 3.0  # a real motion, not rest
 
 
 def test_udwadia_kalaba_agrees_with_the_reference():
@@ -133,8 +129,8 @@ def test_udwadia_kalaba_agrees_with_the_reference():
     sol = _run(cdiff.UdwadiaKalaba(), False)
     ref = _reference()
     assert sol.message == ""
-    assert _max(model.slider(sol.q[1:]) - model.slider(ref.q)) < 1e-9
-    assert _max(sol.q[1:] - ref.q) < 2e-9
+    assert max_abs(model.slider(sol.q[1:]) - model.slider(ref.q)) < 1e-9
+    assert max_abs(sol.q[1:] - ref.q) < 2e-9
     assert _crossings(sol.q[:, 0]) == _crossings(ref.q[:, 0]) == (0, 10)
 
 
@@ -165,10 +161,10 @@ def test_crosses_the_singular_configurations(formulation, projected, w1, tol,
     assert (top, bottom) == _crossings(ref.q[:, 0])
     if w1:
         assert top >= 5 and bottom >= 5
-    assert _max(sol.q[1:] - ref.q) < tol
+    assert max_abs(sol.q[1:] - ref.q) < tol
     if projected:  # the Newton projection keeps both levels at round-off
         assert float(sol.max_constraint_error) < round_off[0]
-        assert _max(sol.velocity_residual) < round_off[1]
+        assert max_abs(sol.velocity_residual) < round_off[1]
 
 
 def _branch_jacobian(model, s):

@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import EPS
+from helpers import EPS, max_abs
 
 import cdiff
 from cdiff.models import TwoLinkOnCircle
@@ -43,10 +43,6 @@ def _run(formulation, dt, violated=False, tau=0.0):
 @functools.cache
 def _reference(tau=0.0):
     return TwoLinkOnCircle().reference(TS[1:], torque=jnp.asarray(tau))
-
-
-def _max(x):
-    return float(jnp.max(jnp.abs(x)))
 
 
 def test_constraints_are_eq_53_with_the_jacobian_of_eq_54():
@@ -82,16 +78,16 @@ def test_constraints_are_eq_53_with_the_jacobian_of_eq_54():
 def test_starts():
     model = TwoLinkOnCircle()
     q0, v0 = model.initial_state()
-    assert _max(model.holonomic(0.0, q0)) < 1e-14
+    assert max_abs(model.holonomic(0.0, q0)) < 1e-14
     # Measured equal (both builds); 2 ulp of 2.5 allowed.
     np.testing.assert_allclose(float(jnp.linalg.norm(model.end_point(q0))), 2.5,
                                rtol=2 * EPS, atol=0)
-    assert _max(v0) == 0.0
+    assert max_abs(v0) == 0.0
     # The paper's scenario: every constraint violated by 0.1 to 0.3.
     qv, vv = model.initial_state(violated=True)
     c = np.abs(np.asarray(model.holonomic(0.0, qv)))
     assert np.all((0.1 < c) & (c < 0.3)), c
-    assert _max(vv) == 0.0
+    assert max_abs(vv) == 0.0
     assert model.input_matrix(0.0, q0).shape == (4, 1)
 
 
@@ -104,7 +100,7 @@ def test_violated_start_converges_by_1_2_s():
     c = sol.holonomic_residual
     c0 = c[0]
     assert bool(jnp.all(jnp.abs(c0) > 0.1))
-    assert _max(c[TS >= 1.2]) < 1e-3
+    assert max_abs(c[TS >= 1.2]) < 1e-3
     # Eq. 18; measured deviation 5.9e-8 (RK4 at dt = 1e-2).
     np.testing.assert_allclose(c, c0 * jnp.exp(-ALPHA * TS)[:, None], atol=2e-7)
     below = np.asarray(jnp.abs(c) < 1e-3)
@@ -132,8 +128,8 @@ def test_consistent_start_agrees_with_the_minimal_reference(formulation, dt, q_t
                                                             v_tol):
     sol = _run(formulation, dt)
     ref = _reference()
-    assert _max(sol.q[1:] - ref.q) < q_tol
-    assert _max(sol.v[1:] - ref.v) < v_tol
+    assert max_abs(sol.q[1:] - ref.q) < q_tol
+    assert max_abs(sol.v[1:] - ref.v) < v_tol
     # The arm swings (the comparison is not trivial).
     assert float(jnp.ptp(ref.q[:, 0])) > 1.0
 
@@ -145,11 +141,11 @@ def test_reference_conserves_energy_and_lies_on_the_constraints():
     energy = jax.vmap(lambda q, v: model.energy(0.0, q, v))(ref.q, ref.v)
     kinetic = jax.vmap(lambda v: 0.5 * v @ model.mass_matrix(0.0, q0) @ v)(ref.v)
     # Measured 3.8e-9 J over 2 s, with a kinetic energy of up to 199 J.
-    assert _max(energy - model.energy(0.0, q0, v0)) < 1e-10 * float(jnp.max(kinetic))
+    assert max_abs(energy - model.energy(0.0, q0, v0)) < 1e-10 * float(jnp.max(kinetic))
     # Round-off (measured 1.8e-15 and 8.9e-16).
-    assert _max(jax.vmap(lambda q: model.holonomic(0.0, q))(ref.q)) < 8e-15
+    assert max_abs(jax.vmap(lambda q: model.holonomic(0.0, q))(ref.q)) < 8e-15
     A = jax.vmap(lambda q: jax.jacfwd(model.holonomic, argnums=1)(0.0, q))(ref.q)
-    assert _max(jnp.einsum("tij,tj->ti", A, ref.v)) < 4e-15
+    assert max_abs(jnp.einsum("tij,tj->ti", A, ref.v)) < 4e-15
 
 
 @pytest.mark.parametrize(
@@ -171,10 +167,10 @@ def test_torque_enters_through_the_input_matrix():
     sol = _run(cdiff.UdwadiaKalaba(), 1e-3, tau=tau)
     free = _run(cdiff.UdwadiaKalaba(), 1e-3)
     ref = _reference(tau)
-    assert _max(sol.q[1:] - ref.q) < 1e-10  # measured 2.0e-11
-    assert _max(sol.q - free.q) > 0.1  # the torque matters
+    assert max_abs(sol.q[1:] - ref.q) < 1e-10  # measured 2.0e-11
+    assert max_abs(sol.q - free.q) > 0.1  # the torque matters
     work = tau * (sol.q[:, 0] - sol.q[0, 0])
-    assert _max(sol.energy - sol.energy[0] - work) < 1.5e-9  # measured 3.2e-10 J
+    assert max_abs(sol.energy - sol.energy[0] - work) < 1.5e-9  # measured 3.2e-10 J
 
 
 def test_float32_methods():

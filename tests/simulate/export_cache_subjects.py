@@ -111,6 +111,7 @@ def main(cache: str, source_hash: str) -> None:
     (and cdiff's source hash fixed, as the tests fix it); print, as JSON, how
     often it was traced, where its program came from, how many compilations JAX's
     persistent cache answered, and the result."""
+    # private on purpose: fixes an internal part of the key, cdiff's source hash
     from cdiff import _export
 
     _export._process.cdiff_source_hash = lambda: source_hash

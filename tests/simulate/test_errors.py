@@ -14,11 +14,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Exploding
+from helpers import Exploding, FreeParticle
 
 import cdiff
 
-# private on purpose: tests the model validator's own return value (the counts).
+# private on purpose: the model validator's counts (nq, m, p), read only inside cdiff
 from cdiff._model import check_model
 
 LAGRANGE = cdiff.Lagrange()
@@ -29,48 +29,44 @@ def _simulate(model, q0, v0, **kwargs):
     return cdiff.simulate(model, LAGRANGE, q0, v0, **kwargs)
 
 
-class Particle(cdiff.AbstractModel):
-    """A free 2-D particle; subclasses break one method at a time."""
-
-    def mass_matrix(self, t, q):
-        return jnp.eye(2, dtype=q.dtype)
+# FreeParticle's subclasses below break one method at a time.
 
 
-class FixedMass(Particle):
+class FixedMass(FreeParticle):
     """Valid only for nq = 2: its mass matrix is always 2 x 2."""
 
 
-class Holonomic2D(Particle):
+class Holonomic2D(FreeParticle):
     def holonomic(self, t, q):
         return jnp.reshape(q, (2, 1))
 
 
-class Nonholonomic2D(Particle):
+class Nonholonomic2D(FreeParticle):
     def nonholonomic(self, t, q, v):
         return jnp.outer(q, v)
 
 
-class WideMass(Particle):
+class WideMass(FreeParticle):
     def mass_matrix(self, t, q):
         return jnp.ones((2, 3), dtype=q.dtype)
 
 
-class VectorEnergy(Particle):
+class VectorEnergy(FreeParticle):
     def energy(self, t, q, v):
         return 0.5 * v * v
 
 
-class BadForces(Particle):
+class BadForces(FreeParticle):
     def forces(self, t, q, v):
         return jnp.zeros(3, dtype=q.dtype)
 
 
-class BadInput(Particle):
+class BadInput(FreeParticle):
     def input_matrix(self, t, q):
         return jnp.ones((3, 1), dtype=q.dtype)
 
 
-class Raising(Particle):
+class Raising(FreeParticle):
     def holonomic(self, t, q):
         return q[0] @ q  # a 0-d @ 1-d: fails when traced
 
@@ -88,7 +84,7 @@ def test_valid_model_passes_and_counts():
     model = cdiff.models.SliderCrank()
     q0, v0 = model.initial_state()
     assert check_model(model, 0.0, q0, v0) == (6, 5, 0)
-    assert check_model(Particle(), 0.0, jnp.zeros(2), jnp.zeros(2)) == (2, 0, 0)
+    assert check_model(FreeParticle(), 0.0, jnp.zeros(2), jnp.zeros(2)) == (2, 0, 0)
 
 
 # --- shapes ------------------------------------------------------------------------
@@ -116,7 +112,7 @@ def test_q0_of_the_wrong_length_is_named_before_position_rate():
     assert "must override position_rate" not in msg
 
 
-class CircleParticle(Particle):
+class CircleParticle(FreeParticle):
     def holonomic(self, t, q):
         return jnp.array([q @ q - 1.0])
 
@@ -145,13 +141,13 @@ def test_v0_shape_differs_from_q0():
     _raises_value_error("v0", "(6,)", "(5,)",
                         call=lambda: _simulate(model, q0, jnp.zeros(5)))
     _raises_value_error("v0", "(2,)", "(2, 1)",
-                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                        call=lambda: _simulate(FreeParticle(), jnp.zeros(2),
                                                jnp.zeros((2, 1))))
 
 
 def test_q0_not_1d():
     _raises_value_error("q0", "1-D", "(1, 2)",
-                        call=lambda: _simulate(Particle(), jnp.zeros((1, 2)),
+                        call=lambda: _simulate(FreeParticle(), jnp.zeros((1, 2)),
                                                jnp.zeros((1, 2))))
 
 
@@ -175,7 +171,7 @@ def test_bad_model_method(model, needles):
 
 def test_formulation_type_checked():
     with pytest.raises(TypeError, match="formulation"):
-        cdiff.simulate(Particle(), "lagrange", jnp.zeros(2), jnp.zeros(2),
+        cdiff.simulate(FreeParticle(), "lagrange", jnp.zeros(2), jnp.zeros(2),
                        t1=1.0, dt=0.1)
 
 
@@ -209,7 +205,7 @@ def test_nan_model_field():
 @pytest.mark.parametrize("dt", [0.0, -0.1, float("inf"), float("nan")])
 def test_nonpositive_dt(dt):
     _raises_value_error("dt", "positive",
-                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                        call=lambda: _simulate(FreeParticle(), jnp.zeros(2),
                                                jnp.zeros(2), dt=dt))
 
 
@@ -220,30 +216,30 @@ def test_dt_below_the_time_resolution_at_t0(dtype, t0):
     as "non-finite values" with ts = [t0, t0])."""
     q0 = jnp.zeros(2, dtype)
     with pytest.raises(ValueError, match="below the time resolution") as info:
-        _simulate(Particle(), q0, q0, t0=t0, t1=t0 + 1.0, dt=1e-3)
+        _simulate(FreeParticle(), q0, q0, t0=t0, t1=t0 + 1.0, dt=1e-3)
     assert "t0 = 0" in str(info.value) and f"{np.dtype(dtype).name}" in str(info.value)
     # Control: the same step from t0 = 0 runs.
-    assert _simulate(Particle(), q0, q0, t1=0.01, dt=1e-3).succeeded
+    assert _simulate(FreeParticle(), q0, q0, t1=0.01, dt=1e-3).succeeded
 
 
 @pytest.mark.parametrize("t1", [0.0, -1.0])
 def test_t1_not_after_t0(t1):
     _raises_value_error("t1", "t0",
-                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                        call=lambda: _simulate(FreeParticle(), jnp.zeros(2),
                                                jnp.zeros(2), t1=t1))
     _raises_value_error("t1", "t0",
-                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                        call=lambda: _simulate(FreeParticle(), jnp.zeros(2),
                                                jnp.zeros(2), t0=2.0, t1=t1 + 2.0))
 
 
 def test_nonfinite_t1():
     _raises_value_error("finite",
-                        call=lambda: _simulate(Particle(), jnp.zeros(2),
+                        call=lambda: _simulate(FreeParticle(), jnp.zeros(2),
                                                jnp.zeros(2), t1=float("inf")))
 
 
 def _free_run(q0, dt, t1):
-    return cdiff.simulate(Particle(), LAGRANGE, q0, jnp.ones(2), t1=t1, dt=dt,
+    return cdiff.simulate(FreeParticle(), LAGRANGE, q0, jnp.ones(2), t1=t1, dt=dt,
                           max_steps=4).q
 
 
@@ -256,7 +252,7 @@ _GOOD = dict(q0=jnp.zeros((2, 2)), dt=jnp.asarray([0.05, 0.1]),
 
 def test_traced_dt_needs_max_steps():
     def run(dt):
-        return cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+        return cdiff.simulate(FreeParticle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
                               t1=0.2, dt=dt).q
 
     with pytest.raises(ValueError, match="max_steps"):
@@ -518,7 +514,7 @@ def test_bad_formulation_parameters_are_named(make, error, words):
 
 
 def test_step_counts_are_checked_before_tracing():
-    particle, q0, v0 = Particle(), jnp.zeros(2), jnp.ones(2)
+    particle, q0, v0 = FreeParticle(), jnp.zeros(2), jnp.ones(2)
     for bad in (0, -1):  # (a float or a bool: a type error)
         with pytest.raises(ValueError, match="max_steps must be a positive integer"):
             _simulate(particle, q0, v0, max_steps=bad)
@@ -538,7 +534,7 @@ def test_too_few_max_steps_for_a_traced_dt_is_a_result_code():
 
     @jax.jit
     def run(dt):
-        return cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+        return cdiff.simulate(FreeParticle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
                               t1=0.2, dt=dt, max_steps=4, throw=False)
 
     sol = jax.vmap(run)(jnp.array([0.05, 0.01]))
@@ -585,7 +581,7 @@ def test_traced_dt_needs_no_max_steps_when_the_rows_do_not_depend_on_it():
     the round-off of the time steps (measured 2.8e-16 relative)."""
 
     def run(dt):
-        return cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
+        return cdiff.simulate(FreeParticle(), LAGRANGE, jnp.zeros(2), jnp.ones(2),
                               t1=0.2, dt=dt, throw=False,
                               saveat=cdiff.SaveAt(ts=jnp.array([0.1, 0.2])))
 
@@ -598,12 +594,12 @@ def test_traced_dt_needs_no_max_steps_when_the_rows_do_not_depend_on_it():
                                rtol=1e-15)
     # Saving every step still needs the bound, which fixes the number of rows.
     with pytest.raises(ValueError, match="max_steps"):
-        jax.vmap(lambda dt: cdiff.simulate(Particle(), LAGRANGE, jnp.zeros(2),
+        jax.vmap(lambda dt: cdiff.simulate(FreeParticle(), LAGRANGE, jnp.zeros(2),
                                            jnp.ones(2), t1=0.2, dt=dt))(
             jnp.array([0.05, 0.1]))
 
 
-class ParticleOnCircleWithoutEnergy(Particle):
+class ParticleOnCircleWithoutEnergy(FreeParticle):
     def holonomic(self, t, q):
         return jnp.sum(q**2, keepdims=True) - 1.0
 
@@ -707,4 +703,4 @@ def test_half_precision_is_refused_by_name(dtype):
     """It failed inside XLA ("Unsupported dtype float16") after overflow warnings."""
     q0 = jnp.zeros(2, dtype)
     with pytest.raises(ValueError, match=f"q0 has dtype {jnp.dtype(dtype).name}"):
-        _simulate(Particle(), q0, q0)
+        _simulate(FreeParticle(), q0, q0)

@@ -24,6 +24,8 @@ from jax._src import compilation_cache
 
 import cdiff
 import export_cache_subjects as subjects
+
+# private on purpose: the cache key's internal parts (source hash, device, file times)
 from cdiff import _export
 from export_cache_subjects import Spring, energy
 
@@ -447,7 +449,6 @@ def test_a_file_where_the_folder_should_be(tmp_path, capsys, monkeypatch, no_cac
     # The command line: a CDIFF_COMPILATION_CACHE that names a file is a user
     # error, one line naming the variable and the path, exit 2, before any work.
     from cdiff import cli
-    from cdiff._cache import cli_compilation_cache
 
     monkeypatch.setenv("CDIFF_COMPILATION_CACHE", str(file))
     with pytest.raises(SystemExit) as info:
@@ -458,13 +459,19 @@ def test_a_file_where_the_folder_should_be(tmp_path, capsys, monkeypatch, no_cac
                            "(or a folder above it) is a file, not a folder; set it "
                            "to a folder, or to 0 to compile without a cache"), err
     assert not (tmp_path / "out").exists()
-    # The default folder failing only warns: the command runs on, without one.
+    # The default folder failing only warns: the command runs on, without one (on
+    # to its next check, of an --out that is a file too, which stops it).
     monkeypatch.delenv("CDIFF_COMPILATION_CACHE")
     monkeypatch.setenv("XDG_CACHE_HOME", str(file))
-    assert cli_compilation_cache() is None
+    with pytest.raises(SystemExit) as info:
+        cli.main(["run", "slider-crank", "--out", str(file)])
     err = capsys.readouterr().err
-    assert "cdiff: warning:" in err and "is a file, not a folder" in err
-    assert "CDIFF_COMPILATION_CACHE" in err and "Traceback" not in err
+    assert info.value.code == 2
+    assert f"--out {file}: exists and is not a directory" in err, err
+    assert jax.config.jax_compilation_cache_dir is None
+    warning = [line for line in err.splitlines() if line.startswith("cdiff: warning:")]
+    assert len(warning) == 1 and "is a file, not a folder" in warning[0]
+    assert "CDIFF_COMPILATION_CACHE" in warning[0] and "Traceback" not in err
     # JAX's cache in a folder whose `exported` is a file: a warning, then jit.
     (tmp_path / "cache").mkdir()
     (tmp_path / "cache" / "exported").write_text("")

@@ -18,9 +18,10 @@ from scipy.integrate import solve_ivp
 
 import cdiff
 
-# private on purpose: a spy solver wrapper and the kernel that hands the step-size
-# controller's tolerances to an implicit solver's root finder (no public names).
+# private on purpose: the internal base of cdiff's solver wrappers (the spy is one)
 from cdiff._solver.base import AbstractForwardingSolver, innermost
+
+# private on purpose: internal; gives implicit root finders the controller's tolerances
 from cdiff._solver.frozen import stepsize_tolerances
 
 MODEL = cdiff.models.SliderCrank()

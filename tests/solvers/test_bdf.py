@@ -13,8 +13,7 @@ from scipy.integrate import solve_ivp
 
 import cdiff
 
-# private on purpose: the first tests drive the BDF kernel on plain DAE residuals
-# (no model); `cdiff.simulate` reaches it only through a formulation.
+# private on purpose: the BDF kernel on bare DAE residuals (simulate takes a model)
 from cdiff._solver.bdf import bdf_solve
 
 

@@ -23,7 +23,7 @@ from helpers import Exploding
 
 import cdiff
 
-# private on purpose: this file tests the fast paths' kernels and route choices.
+# private on purpose: the fast paths' kernels and route choices, internal to simulate
 from cdiff import _reschedule, _routes, _simulate
 
 CPU = jax.default_backend() == "cpu"
@@ -333,6 +333,7 @@ def test_adjoint_loop_is_reverse_mode_of_its_loop():
     # only at run time) against JAX's reverse mode of the same steps unrolled for a
     # concrete count: values and derivatives (closed-over and initial carry), alone
     # and in a batch of different counts.
+    # private on purpose: the event route's internal replay loop (no public name)
     from cdiff._solver.adjoint import adjoint_loop
 
     xs = jnp.linspace(0.1, 0.8, 6)
@@ -409,6 +410,7 @@ def test_own_loop_only_for_plain_constant_rk4():
 
 
 def test_blocks_and_save_plan():
+    # private on purpose: the own RK4 loop's internal blocking and save plan
     from cdiff._solver.rk4 import blocks_of, save_plan
 
     assert blocks_of(100, nested=False) == (1, 100)

@@ -10,15 +10,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import slider_crank_saved
+from helpers import max_abs, slider_crank_saved
 
 import cdiff
 
 NEWTON = cdiff.Projected(cdiff.RK4(), cdiff.NewtonProjection())
-
-
-def _max(x):
-    return float(jnp.max(jnp.abs(x)))
 
 
 # --- the projections themselves -----------------------------------------------------
@@ -53,10 +49,10 @@ def test_newton_projection_is_eq_37_and_converges_quadratically(mass_weighted):
     np.testing.assert_allclose(proj.position(model, 0.0, q), expected, rtol=4.5e-16,
                                atol=0)
     # Quadratic convergence (Theorem 3): |Phi_{k+1}| <= K |Phi_k|^2.
-    norms = [_max(model.holonomic(0.0, q))]
+    norms = [max_abs(model.holonomic(0.0, q))]
     for n in (1, 2, 3):
         p = cdiff.NewtonProjection(iterations=n, mass_weighted=mass_weighted)
-        norms.append(_max(model.holonomic(0.0, p.position(model, 0.0, q))))
+        norms.append(max_abs(model.holonomic(0.0, p.position(model, 0.0, q))))
     assert norms[1] < 10 * norms[0] ** 2 and norms[2] < 10 * norms[1] ** 2
     assert norms[3] < 3e-16  # measured 5.6e-17
 
@@ -68,14 +64,14 @@ def test_newton_velocity_projection_is_the_minimum_norm_correction(mass_weighted
     q1, v1 = proj(model, 0.0, q, v)
     A = np.asarray(_jacobian(model, q1))
     # On the velocity constraints (measured 1.5e-16 unweighted, 5.0e-16 weighted).
-    assert _max(A @ v1) < (2e-15 if mass_weighted else 6e-16)
+    assert max_abs(A @ v1) < (2e-15 if mass_weighted else 6e-16)
     # The correction is normal to the tangent space (in the chosen metric): no
     # component along the manifold, so the tangential velocity is kept.
     W = np.asarray(model.mass_matrix(0.0, q1)) if mass_weighted else np.eye(6)
     null = np.linalg.svd(A)[2][A.shape[0]:].T  # tangent space basis
     # Measured 3.7e-16 unweighted, 3.1e-17 weighted.
-    assert _max(null.T @ W @ (v1 - v)) < (1.5e-16 if mass_weighted else 1.5e-15)
-    assert _max(v1 - v) > 0.1  # and it did change v
+    assert max_abs(null.T @ W @ (v1 - v)) < (1.5e-16 if mass_weighted else 1.5e-15)
+    assert max_abs(v1 - v) > 0.1  # and it did change v
 
 
 def _mass_projections(M, A):
@@ -119,8 +115,8 @@ def test_gradient_projection_moves_only_dependent_coordinates():
     for partition in ("optimal", "second"):
         gp = cdiff.GradientProjection(partition=partition)
         q1, v1 = gp(model, 0.0, q, v)
-        assert _max(model.holonomic(0.0, q1)) < 3e-16  # measured 5.6e-17
-        assert _max(_jacobian(model, q1) @ v1) < 3e-15  # measured 7.2e-16
+        assert max_abs(model.holonomic(0.0, q1)) < 3e-16  # measured 5.6e-17
+        assert max_abs(_jacobian(model, q1) @ v1) < 3e-15  # measured 7.2e-16
         idx = np.asarray(gp.dependent(model, 0.0, q, _jacobian(model, q)))
         independent = np.setdiff1d(np.arange(6), idx)
         assert len(independent) == 1
@@ -166,14 +162,14 @@ def test_formulations_agree_on_theta1():
     theta1 to 1e-6, and with the exact solution."""
     proj = _slider_crank(cdiff.Projection(), NEWTON)
     exact = cdiff.models.SliderCrank().reference(proj.ts[1:]).q[:, 2]
-    assert _max(proj.q[1:, 2] - exact) < 4e-8  # measured 9.8e-9
-    assert _max(proj.holonomic_residual) < 4e-15  # projected to round-off: 9.4e-16
-    assert _max(proj.velocity_residual) < 1.5e-14  # measured 3.8e-15
+    assert max_abs(proj.q[1:, 2] - exact) < 4e-8  # measured 9.8e-9
+    assert max_abs(proj.holonomic_residual) < 4e-15  # projected to round-off: 9.4e-16
+    assert max_abs(proj.velocity_residual) < 1.5e-14  # measured 3.8e-15
     # Measured 5.0e-9 (Lagrange), 9.9e-9 (UdwadiaKalaba), 7.5e-8 (NullSpace).
     for other, bound in ((cdiff.Lagrange(10.0, 10.0), 2e-8),
                          (cdiff.UdwadiaKalaba(), 4e-8),
                          (cdiff.NullSpace(alpha=10.0), 3e-7)):
-        assert _max(_slider_crank(other).q[:, 2] - proj.q[:, 2]) < bound, other
+        assert max_abs(_slider_crank(other).q[:, 2] - proj.q[:, 2]) < bound, other
 
 
 @pytest.mark.parametrize("formulation", [cdiff.UdwadiaKalaba(), cdiff.Lagrange(),
@@ -184,12 +180,12 @@ def test_projection_with_every_formulation(formulation):
     passes the singularities."""
     sol = _slider_crank(formulation, NEWTON, t1=2.0)
     exact = cdiff.models.SliderCrank().reference(sol.ts[1:]).q[:, 2]
-    assert _max(sol.holonomic_residual) < 3e-15  # measured 7.2e-16 to 7.8e-16
+    assert max_abs(sol.holonomic_residual) < 3e-15  # measured 7.2e-16 to 7.8e-16
     # Measured 3.1e-15 (UdwadiaKalaba), 4.2e-15 (Lagrange), 8.9e-16 (NullSpace).
     nullspace = isinstance(formulation, cdiff.NullSpace)
-    assert _max(sol.velocity_residual) < (4e-15 if nullspace else 1.5e-14)
+    assert max_abs(sol.velocity_residual) < (4e-15 if nullspace else 1.5e-14)
     # Measured 3.1e-9, 1.2e-9, 3.8e-9 (the same order).
-    assert _max(sol.q[1:, 2] - exact) < 8e-9
+    assert max_abs(sol.q[1:, 2] - exact) < 8e-9
 
 
 @pytest.mark.slow
@@ -211,7 +207,7 @@ def test_redundant_constraints_change_nothing():
     for solver, t1, bound in ((weighted, 2.0, 6e-14), (NEWTON, 0.4, 1e-15)):
         plain = _slider_crank(cdiff.Projection(), solver, t1=t1)
         redundant = _slider_crank(cdiff.Projection(), solver, redundant=True, t1=t1)
-        assert _max(plain.q - redundant.q) < bound
+        assert max_abs(plain.q - redundant.q) < bound
 
 
 def test_gradient_projection_on_the_pendulum():
@@ -228,9 +224,9 @@ def test_gradient_projection_on_the_pendulum():
                                  cdiff.GradientProjection(partition=partition))
         sol = cdiff.simulate(model, cdiff.Lagrange(), q0, v0, t1=5.0, dt=0.05,
                              solver=solver, saveat=cdiff.SaveAt(ts=ts))
-        assert _max(sol.holonomic_residual) < 2e-15  # measured 2.2e-16, 4.4e-16
-        assert _max(sol.velocity_residual) < 6e-15  # measured 9.7e-16, 1.5e-15
-        errors[partition] = _max(sol.q[1:] - ref.q)
+        assert max_abs(sol.holonomic_residual) < 2e-15  # measured 2.2e-16, 4.4e-16
+        assert max_abs(sol.velocity_residual) < 6e-15  # measured 9.7e-16, 1.5e-15
+        errors[partition] = max_abs(sol.q[1:] - ref.q)
     assert errors["optimal"] < 1e-3
     # The optimal partition at least 3x more accurate (measured 5.3e-4 against 0.042).
     assert 3 * errors["optimal"] < errors["second"]  # not a tolerance: an ordering

@@ -61,7 +61,7 @@ def main(process_id: int, port: int, checkpoint: Path, out: Path, mode: str):
                                initialization_timeout=60,
                                heartbeat_timeout_seconds=30)
     assert jax.process_count() == 2 and jax.process_index() == process_id
-    # private on purpose: map_batches with its report (chunks computed, loaded).
+    # private on purpose: map_batches plus its report (chunks computed, loaded)
     from cdiff.studies._chunked import _sweep
 
     start = time.perf_counter()

@@ -19,8 +19,7 @@ import pytest
 
 import cdiff
 
-# private on purpose: `map_batches` with the report of which chunks it computed
-# and loaded (and on which devices), which the public function does not return.
+# private on purpose: map_batches plus its report (chunks computed, loaded; devices)
 from cdiff.studies._chunked import _sweep
 
 # Ten pendulums (length r, initial angle theta0): chunks of 4, 4 and 2 (padded).
@@ -168,6 +167,7 @@ jax.config.update("jax_enable_x64", True)
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 import numpy as np
 import tests.studies.test_chunked as t
+# private on purpose: map_batches plus its report (devices, width)
 from cdiff.studies._chunked import _sweep
 
 assert len(jax.devices()) == 4, jax.devices()
@@ -273,14 +273,13 @@ def test_gain_sweep_in_chunks_equals_one_call(tmp_path):
                                  checkpoint=tmp_path)
 
 
-def _double(item):
-    return {"y": item["x"] * 2.0}
-
-
 def test_a_chunk_file_over_another_is_refused(tmp_path):
-    # Six items in chunks of 2 (a cheap fn: one tiny compilation).
+    # Six items in chunks of 2 (a cheap fn: one tiny compilation). (Imported here:
+    # the subprocesses that import this module do not have tests/ on their path.)
+    from helpers import double_x
+
     inputs = {"x": np.arange(6.0)}
-    sweep = functools.partial(_sweep, _double, chunk_size=2, key="double",
+    sweep = functools.partial(_sweep, double_x, chunk_size=2, key="double",
                               progress=False)
     out, _ = sweep(inputs, checkpoint=tmp_path / "a")
     np.testing.assert_array_equal(out["y"], 2.0 * inputs["x"])

@@ -19,9 +19,9 @@ import distributed_worker as worker
 import jax
 import numpy as np
 import pytest
+from helpers import double_x
 
-# private on purpose: `map_batches` with the report of which chunks it computed
-# and loaded (and on which devices), which the public function does not return.
+# private on purpose: map_batches plus its report (chunks computed, loaded; devices)
 from cdiff.studies._chunked import _sweep
 
 _WORKER = os.path.join(os.path.dirname(os.path.abspath(__file__)),
@@ -170,17 +170,13 @@ def test_a_process_that_fails_stops_the_others(tmp_path):
 # In this process, posing as one of two processes.
 
 
-def _double(item):
-    return {"y": item["x"] * 2.0}
-
-
 def _as_process(monkeypatch, index, count=2):
     monkeypatch.setattr(jax, "process_index", lambda *a, **k: index)
     monkeypatch.setattr(jax, "process_count", lambda *a, **k: count)
 
 
 _SIX = {"x": np.arange(6.0)}
-_sweep_six = functools.partial(_sweep, _double, _SIX, chunk_size=1, key="double",
+_sweep_six = functools.partial(_sweep, double_x, _SIX, chunk_size=1, key="double",
                                progress=False)
 
 
@@ -236,5 +232,5 @@ def test_missing_chunks_are_named_as_ranges(monkeypatch, tmp_path):
     _as_process(monkeypatch, 0, count=3)
     with pytest.raises(TimeoutError, match=r"chunks 1-2, 4-5, 7-8 \(6 of them, the "
                        r"share of processes 1, 2\)"):
-        _sweep(_double, {"x": np.arange(9.0)}, chunk_size=1, checkpoint=tmp_path,
+        _sweep(double_x, {"x": np.arange(9.0)}, chunk_size=1, checkpoint=tmp_path,
                progress=False, timeout=0.1)

@@ -216,8 +216,7 @@ def test_off_grid_step_sizes_interpolate_like_simulate():
     # 0.03 and 0.07 do not divide the 0.1 s measurement spacing: the study falls
     # back from its own loop on the step grid to diffeqsolve with SaveAt(ts),
     # and must still equal separate simulations (interpolated alike).
-    # private on purpose: which of the study's two loops runs is not observable
-    # through the public API (only its results, checked below).
+    # private on purpose: which of the study's two loops runs is internal to it
     from cdiff.studies._runner import _steps_per_save
 
     dts = np.array([3e-2, 7e-2])
