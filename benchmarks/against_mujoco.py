@@ -92,7 +92,8 @@ from _record import record
 from compare import timed
 
 import cdiff
-cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
+if __name__ == "__main__":  # as the docs ask on CPU: before any JAX computation
+    cdiff.configure_xla_flags()  # (not where another script imports this one)
 from cdiff.models import MJCF_LIBRARY
 
 #: The observable of each mechanism: (site, coordinates of its world position),

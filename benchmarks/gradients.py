@@ -26,7 +26,8 @@ jax.config.update("jax_enable_x64", True)
 
 import _config  # noqa: E402
 import cdiff  # noqa: E402
-cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
+if __name__ == "__main__":  # as the docs ask on CPU: before any JAX computation
+    cdiff.configure_xla_flags()  # (not where another script imports this one)
 from _record import record  # noqa: E402
 
 

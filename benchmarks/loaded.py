@@ -59,7 +59,8 @@ import numpy as np  # noqa: E402
 from _record import record  # noqa: E402
 
 import cdiff  # noqa: E402
-cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
+if __name__ == "__main__":  # as the docs ask on CPU: before any JAX computation
+    cdiff.configure_xla_flags()  # (not where another script imports this one)
 from cdiff.models import MJCF_LIBRARY, MuJoCoModel, from_mujoco  # noqa: E402
 
 with contextlib.redirect_stdout(io.StringIO()):

@@ -56,7 +56,8 @@ jax.config.update("jax_enable_x64", True)
 
 import _config  # noqa: E402
 import cdiff  # noqa: E402
-cdiff.configure_xla_flags()  # as the docs ask on CPU: before any JAX computation
+if __name__ == "__main__":  # as the docs ask on CPU: before any JAX computation
+    cdiff.configure_xla_flags()  # (not where another script imports this one)
 from _record import record  # noqa: E402
 
 RK4_DTS = (5e-2, 2e-2, 1e-2, 5e-3, 2e-3, 1e-3)
