@@ -87,9 +87,12 @@ RTOL = {"lagrange": 1.3e-9, "udwadia-kalaba": 2e-10, "projection": 5e-8,
         "ggl-bdf": 1e-5, "ggl-no-inverse-bdf": 5e-5, "index-one-bdf": 1.4e-6}
 
 
-# The costliest rows are long runs (`pytest -m slow`); the default run keeps one row
-# per route: cdiff's RK4 loop (Lagrange, UK, Projection, Regularized) and BDF (GGL).
-SLOW = {"null-space", "projected-newton", "ggl-no-inverse-bdf", "index-one-bdf"}
+# The default run keeps one row per route, cdiff's RK4 loop (Lagrange) and BDF (GGL);
+# the others run with `pytest -m slow`. (UK's reverse mode is also checked in
+# tests/solvers/test_transformations.py, and Projection's, in both modes, through
+# Projected in tests/solvers/test_projected.py.)
+SLOW = {"udwadia-kalaba", "projection", "null-space", "projected-newton", "regularized",
+        "ggl-no-inverse-bdf", "index-one-bdf"}
 
 
 @pytest.mark.parametrize("case", [
