@@ -61,7 +61,10 @@ def _pick(tree, *index):
     return jax.tree.map(lambda x: x[index], tree)
 
 
-@pytest.mark.parametrize("curve", ["line_x1", "circle"])
+# (line_x1 in the slow tier: the default run integrates it with GGL + BDF in the
+# gradient matrix, tests/solvers/test_gradients.py.)
+@pytest.mark.parametrize("curve", [pytest.param("line_x1", marks=pytest.mark.slow),
+                                   "circle"])
 def test_ggl_bdf_agrees_with_lagrange_rk4(curve):
     i = CURVES.index(curve)
     runs, rk4 = _ggl_runs(), _rk4_runs()
