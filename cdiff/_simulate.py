@@ -209,7 +209,8 @@ def simulate(
         route = choose_route(solver, stepsize_controller, saveat, adjoint, progress,
                              max_steps, inner_throw, (t0, t1, dt),
                              unilateral=bool(unilateral), max_events=max_events)
-        return _compiled_solve(top_level_options())(
+        options = tuple(sorted(top_level_options().items()))
+        return _jitted_solve(options)(
             route, model, formulation, control, q0, v0, *times, throw=inner_throw,
             checks=inner_throw, checked=concrete, divergence=divergence)
 
@@ -249,14 +250,10 @@ def simulate(
     return sol
 
 
-def _compiled_solve(options: dict):
-    """`run_route` jitted with XLA's compiler options `options` (those JAX takes
-    here: `cdiff._compiler.top_level_options`)."""
-    return _jitted_solve(tuple(sorted(options.items())))
-
-
 @functools.cache
 def _jitted_solve(options: tuple):
+    """`run_route` jitted with XLA's compiler options `options` (pairs: those JAX
+    takes where `simulate` is called, `cdiff._compiler.top_level_options`)."""
     return eqx.filter_jit(run_route, **({"compiler_options": dict(options)}
                                      if options else {}))
 

@@ -417,6 +417,21 @@ class PendulumAgainstWall(cdiff.AbstractModel):
         return jnp.atleast_1d(q[0] + self.a)
 
 
+def assert_two_wall_impacts(sol, reference, *, after_rtol):
+    """`sol`, a successful solve of `PendulumAgainstWall()` from the wall release,
+    has its two impacts at the `reference` times (to 1e-9 s), arrives at their
+    speeds (to 1e-8) and leaves at e = 0.6 times them (to `after_rtol`)."""
+    assert sol.result == cdiff.RESULTS.successful
+    ev = sol.stats["events"]
+    assert int(ev.count) == 2
+    np.testing.assert_allclose(np.asarray(ev.t[:2]), reference[:, 0], rtol=0,
+                               atol=1e-9)
+    speed = np.linalg.norm(np.asarray(ev.v_before[:2]), axis=1)
+    np.testing.assert_allclose(speed, np.abs(reference[:, 1]), rtol=1e-8)
+    after = np.linalg.norm(np.asarray(ev.v_after[:2]), axis=1)
+    np.testing.assert_allclose(after, 0.6 * speed, rtol=after_rtol)
+
+
 def wall_reference(theta0, l, a, e, t1, impacts):
     """Impact times and angular speeds of the angle ODE (SciPy's event location,
     `restitution_events`)."""

@@ -80,14 +80,14 @@ class CachedJit:
         """What runs the calls the cache does not take: `eqx.filter_jit`, with
         the compiler options where JAX takes them (not under an outer `jax.jit`
         or `jax.grad`)."""
-        nested = bool(self.compiler_options) and not at_top_level()
-        if nested or not self.compiler_options:
-            if self._plain_jit is None:
-                self._plain_jit = eqx.filter_jit(self.fn)
-            return self._plain_jit
-        if self._jit is None:
-            self._jit = eqx.filter_jit(self.fn, compiler_options=self.compiler_options)
-        return self._jit
+        if self.compiler_options and at_top_level():
+            if self._jit is None:
+                self._jit = eqx.filter_jit(self.fn,
+                                           compiler_options=self.compiler_options)
+            return self._jit
+        if self._plain_jit is None:
+            self._plain_jit = eqx.filter_jit(self.fn)
+        return self._plain_jit
 
     def _program(self, args, kwargs
                  ) -> tuple[_Program | None, _Call | None, str | None]:

@@ -25,8 +25,7 @@ from .._kinematics import kinematics
 from .._model import AbstractModel
 from .._results import DIVERGENCE
 from .._routes import GridRoute, constant_steps
-from .._simulate import run_route
-from .._simulate import simulate
+from .._simulate import run_route, simulate
 from .._solver.grid import UniformGrid, grid_solve
 
 _METRICS = ("max_constraint_error", "max_velocity_error", "max_energy_error",
@@ -108,9 +107,9 @@ def _trajectory_on_grid(model, formulation, solver, q0, v0, t1, k, ts):
         # `simulate(throw=True)`; a finite blow-up fails the trajectory (its
         # divergence test).
         dt = t1 / jnp.asarray(k * n_save, t1.dtype)
-        sol = run_route(GridRoute(solver, k, ts), model, formulation, None, q0, v0, t0,
-                    t1, dt, throw=False, checks=True, checked=False,
-                    divergence=jnp.asarray(DIVERGENCE, t1.dtype))
+        sol = run_route(GridRoute(solver, k, ts), model, formulation, None, q0, v0,
+                        t0, t1, dt, throw=False, checks=True, checked=False,
+                        divergence=jnp.asarray(DIVERGENCE, t1.dtype))
         ok = jnp.isfinite(sol.ts) & sol.succeeded
         q, v, phi_q, phi_v, energy = (sol.q, sol.v, sol.holonomic_residual,
                                       sol.velocity_residual, sol.energy)

@@ -14,6 +14,7 @@ from helpers import (
     Ball,
     LiftedBall,
     PendulumAgainstWall,
+    assert_two_wall_impacts,
     ball_height_derivative,
     ball_impacts,
 )
@@ -118,15 +119,8 @@ def test_pendulum_against_a_wall_with_diffrax_solvers(name, kw, wall_release):
     kw = {"formulation": cdiff.UdwadiaKalaba(), **kw}
     sol = cdiff.simulate(PendulumAgainstWall(), q0=q0, v0=jnp.zeros(2), t1=3.0, dt=2e-3,
                          **kw)
-    assert sol.result == cdiff.RESULTS.successful
+    assert_two_wall_impacts(sol, reference, after_rtol=1e-8)
     ev = sol.stats["events"]
-    assert int(ev.count) == 2
-    np.testing.assert_allclose(np.asarray(ev.t[:2]), reference[:, 0], rtol=0,
-                               atol=1e-9)
-    speed = np.linalg.norm(np.asarray(ev.v_before[:2]), axis=1)
-    np.testing.assert_allclose(speed, np.abs(reference[:, 1]), rtol=1e-8)
-    after = np.linalg.norm(np.asarray(ev.v_after[:2]), axis=1)
-    np.testing.assert_allclose(after, 0.6 * speed, rtol=1e-8)
     assert np.abs(np.asarray(ev.q[:2, 0]) + 0.4).max() < 1e-12
     saved = np.isfinite(np.asarray(sol.ts))
     assert float(np.min(np.asarray(sol.q[saved, 0]))) > -0.4 - 1e-12
