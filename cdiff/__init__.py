@@ -38,6 +38,7 @@ from ._kinematics import (
 from ._model import AbstractModel as AbstractModel
 from ._results import RESULTS as RESULTS
 from ._simulate import simulate as simulate
+from ._solution import CONTACT_MODES as CONTACT_MODES
 from ._solution import Solution as Solution
 from ._sketch import Sketch as Sketch
 from ._solver.bdf import BDF as BDF
@@ -78,7 +79,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
 
 __all__ = [
     "AbstractDAEFormulation", "AbstractFormulation", "AbstractModel",
-    "AbstractProjection", "BDF", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "Impact", "IndexOne",
+    "AbstractProjection", "BDF", "CONTACT_MODES", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "Impact", "IndexOne",
     "Kinematics", "Lagrange", "NewtonProjection", "NullSpace", "Projected",
     "Projection", "RESULTS", "RK4", "Regularized", "SaveAt", "Sketch", "Solution",
     "Terms", "UdwadiaKalaba", "analysis", "animate", "cached_jit", "compiler_options", "configure_xla_flags",

@@ -17,7 +17,7 @@ from ._formulation.base import AbstractFormulation
 from ._formulation.controller import AbstractStatefulController, check_controller
 from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback
-from ._impact import check_restitution
+from ._impact import check_friction as _slip_dimension, check_restitution
 from ._model import has_energy
 from ._results import is_concrete
 from ._routes import constant_steps
@@ -285,6 +285,29 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
             "and a diffrax solver, or GGL or IndexOne with cdiff.BDF; not with "
             + "; ".join(unsupported) + ".")
     return r[0]
+
+
+def check_friction(model, rows: int, t0, q0, v0, formulation, solver) -> int:
+    """The dimension of `model`'s slip where it has friction (0 where it has
+    none), checked before tracing: its `friction` and `slip` (see
+    `cdiff._impact.check_friction`), and a solve that can simulate it: a
+    formulation that does not hold the energy (friction dissipates it) and a
+    diffrax solver (the segments between events; cdiff's BDF and its RK4 loop
+    do not take friction yet: `choose_route` refuses the latter)."""
+    d = _slip_dimension(model, rows, t0, q0, v0)
+    if not d:
+        return 0
+    name = type(model).__name__
+    if formulation.corrects_energy:
+        raise ValueError(f"cdiff.simulate: {name} has friction, which dissipates "
+                         f"energy; {type(formulation).__name__} holds the energy at "
+                         "its initial value. Use it without the energy correction.")
+    if declares(solver, "integrates_dae"):
+        raise ValueError(f"cdiff.simulate: {name} has friction, which cdiff.BDF does "
+                         "not simulate yet; use an ODE formulation (cdiff.Lagrange, "
+                         "cdiff.NullSpace, ...) with a diffrax solver, e.g. "
+                         "diffrax.Tsit5() and a diffrax.PIDController.")
+    return d
 
 
 def penetration_message(model, t0, q0) -> str | None:

@@ -54,6 +54,51 @@ def check_restitution(e, rows: int, what: str) -> None:
                          f"{np.asarray(e)}")
 
 
+def has_friction(model: AbstractModel) -> bool:
+    """Whether `model`'s friction may be nonzero, known before tracing (a traced
+    coefficient, under `vmap` or `grad`, may)."""
+    mu = model.friction
+    return not is_concrete(mu) or bool(np.any(np.asarray(mu) != 0))
+
+
+def friction_outside(mu):
+    """Whether a friction coefficient `mu` is negative or not finite: a boolean
+    scalar."""
+    mu = jnp.asarray(mu)
+    return ~jnp.all((mu >= 0) & jnp.isfinite(mu))
+
+
+def check_friction(model: AbstractModel, rows: int, t0, q0, v0) -> int:
+    """Before tracing: the dimension `d` of the slip of `model` (0 where it has
+    no friction), with a `ValueError` naming what is wrong where its `friction`
+    is neither a scalar nor one per row, or, where concrete, negative or not
+    finite, or where its `slip` is missing or not of shape `(rows, 1)` or
+    `(rows, 2)`."""
+    name = type(model).__name__
+    mu = model.friction
+    if jnp.shape(mu) not in ((), (1,), (rows,)):
+        raise ValueError(f"{name}.friction has shape {jnp.shape(mu)}; it must be a "
+                         f"scalar or one coefficient per unilateral row: {rows} "
+                         "row(s).")
+    if is_concrete(mu) and not np.all((np.asarray(mu) >= 0)
+                                      & np.isfinite(np.asarray(mu))):
+        raise ValueError(f"{name}.friction must be finite and non-negative, got "
+                         f"{np.asarray(mu)}")
+    if not has_friction(model):
+        return 0
+    t0 = jnp.asarray(t0, q0.dtype)
+    shape = jax.eval_shape(model.slip, t0, q0, v0)
+    if shape is None:
+        raise ValueError(f"{name} has friction but no slip(t, q, v): the tangential "
+                         "velocity at each unilateral row's contact, shape (r, d), "
+                         "d = 1 in the plane or 2 in space.")
+    if shape.shape not in ((rows, 1), (rows, 2)):
+        raise ValueError(f"{name}.slip(t, q, v) has shape {shape.shape}; it must be "
+                         f"({rows}, 1) in the plane or ({rows}, 2) in space: one "
+                         "tangential velocity per unilateral row.")
+    return shape.shape[1]
+
+
 def unilateral_rate(model: AbstractModel, t, q, v):
     r"""`(g, gdot, G)`: the unilateral rows at `(t, q)`, their rate
     $\dot g = Gv + \partial g/\partial t$ and their velocity Jacobian $G$."""
@@ -170,19 +215,31 @@ def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True
 
 
 class WithUnilateral(AbstractModel):
-    """`model` with its unilateral rows that are `active` appended to its holonomic
+    r"""`model` with its unilateral rows that are `active` appended to its holonomic
     rows as equalities (an inactive row is a zero row, so that the shapes stay
     fixed under `jax.vmap`). What a solve with unilateral rows integrates between
-    events; every other method is `model`'s."""
+    events; every other method is `model`'s.
+
+    With friction (`stuck`, `sliding`, `push` set; None for a frictionless model,
+    whose terms are then those without friction at no cost): the held rows that
+    `stuck` have their `slip` appended to the nonholonomic rows (zero rows for the
+    others), and a held row that slips is pushed by Coulomb's force
+    $-\mu\,\lambda_N W^T\hat s$ ($W = \partial s/\partial v$, $\hat s$ the slip's
+    direction, `sliding` where the slip is zero) with $\lambda_N$ = `push`, the
+    row's normal multiplier, which [`Frictional`][] solves for."""
 
     model: AbstractModel
     active: Bool[Array, " r"]
+    stuck: Bool[Array, " r"] | None = None
+    sliding: Float[Array, "r d"] | None = None
+    push: Float[Array, " r"] | None = None
 
     def mass_matrix(self, t, q):
         return self.model.mass_matrix(t, q)
 
     def forces(self, t, q, v):
-        return self.model.forces(t, q, v)
+        f = self.model.forces(t, q, v)
+        return f if self.push is None else f + self.friction_force(t, q, v)
 
     def holonomic(self, t, q):
         return jnp.concatenate([self.model.holonomic(t, q), self.held(t, q)])
@@ -198,7 +255,37 @@ class WithUnilateral(AbstractModel):
         return _HeldTerms(self, t, q, v)
 
     def nonholonomic(self, t, q, v):
-        return self.model.nonholonomic(t, q, v)
+        base = self.model.nonholonomic(t, q, v)
+        if self.stuck is None:
+            return base
+        return jnp.concatenate([base, self.stuck_rows(t, q, v)])
+
+    # -- friction ---------------------------------------------------------------
+
+    def stuck_rows(self, t, q, v):
+        """The slip of the held rows that stick, flattened (zero rows for the
+        others)."""
+        stuck = self.stuck & self.active
+        return jnp.where(stuck[:, None], self.model.slip(t, q, v), 0.0).ravel()
+
+    @property
+    def mu(self):
+        """Coulomb's coefficient of each row, shape `(r,)`."""
+        return jnp.broadcast_to(jnp.asarray(self.model.friction),
+                                self.active.shape)
+
+    @property
+    def slipping(self):
+        """The held rows with friction that slip."""
+        return self.active & ~self.stuck & (self.mu > 0)
+
+    def friction_force(self, t, q, v):
+        r"""Coulomb's force of the rows that slip with the normal multipliers
+        `push`: $-\sum_i \mu_i\lambda_{N,i} W_i^T\hat s_i$."""
+        s, W = slip_jacobian(self.model, t, q, v)
+        direction = slip_direction(s, self.sliding)
+        load = jnp.where(self.slipping, self.mu * self.push, 0.0)
+        return -jnp.einsum("r,rd,rdn->n", load, direction.astype(W.dtype), W)
 
     def unilateral(self, t, q):
         return self.model.unilateral(t, q)
@@ -206,6 +293,13 @@ class WithUnilateral(AbstractModel):
     @property
     def restitution(self):
         return self.model.restitution
+
+    @property
+    def friction(self):
+        return self.model.friction
+
+    def slip(self, t, q, v):
+        return self.model.slip(t, q, v)
 
     @property
     def conservative(self) -> bool:
@@ -224,6 +318,29 @@ class WithUnilateral(AbstractModel):
         return self.model.integrate_position(q, dv)
 
 
+def slip_jacobian(model: AbstractModel, t, q, v):
+    """`(s, W)`: the slip `model.slip(t, q, v)`, shape `(r, d)`, and its Jacobian
+    with respect to `v`, shape `(r, d, nv)` (the slip is linear in `v`)."""
+    s, pushforward = jax.linearize(lambda v: model.slip(t, q, v), v)
+    W = jax.vmap(pushforward, out_axes=-1)(jnp.eye(v.shape[0], dtype=v.dtype))
+    return s, W
+
+
+def slip_direction(s, sliding):
+    r"""The unit direction $\hat s$ of each row's slip `s`, shape `(r, d)`: in the
+    plane (`d = 1`) the sign `sliding` (a slip keeps its sign until it stops, an
+    event); in space $s/\|s\|$, or `sliding` where the slip is zero (its onset,
+    whose direction the event that starts it sets)."""
+    if s.shape[-1] == 1:
+        return sliding
+    norm2 = jnp.sum(s * s, axis=-1, keepdims=True)
+    tiny = jnp.finfo(s.dtype).tiny ** 0.5
+    moving = norm2 > tiny
+    # (The norm through `where`, so that its derivative is finite at zero.)
+    norm = jnp.sqrt(jnp.where(moving, norm2, 1.0))
+    return jnp.where(moving, s / norm, sliding)
+
+
 def free_rows(model: AbstractModel, t, q, v):
     r"""`(holonomic, velocity)`: boolean masks of the rows of $\Phi_q$ and of $A_v$
     that are a `WithUnilateral`'s inactive unilateral rows (zero rows), or None for
@@ -234,7 +351,11 @@ def free_rows(model: AbstractModel, t, q, v):
     p = jax.eval_shape(model.model.nonholonomic, t, q, v).shape[0]
     free = ~model.active
     holonomic = jnp.concatenate([jnp.zeros(m, bool), free])
-    return holonomic, jnp.concatenate([holonomic, jnp.zeros(p, bool)])
+    velocity = [holonomic, jnp.zeros(p, bool)]
+    if model.stuck is not None:  # (the slip rows of those that do not stick)
+        d = model.sliding.shape[-1]
+        velocity.append(jnp.repeat(~(model.stuck & model.active), d))
+    return holonomic, jnp.concatenate(velocity)
 
 
 def unilateral_indices(model: "WithUnilateral", t, q, v):
@@ -263,14 +384,33 @@ class _HeldRows(AbstractModel):
         return self.wrapped.position_rate(t, q, v)
 
 
+class _StuckRows(AbstractModel):
+    """The slip rows of a `WithUnilateral`'s rows that stick as the nonholonomic
+    rows of a model, for their terms by autodiff."""
+
+    wrapped: WithUnilateral
+
+    def mass_matrix(self, t, q):
+        return self.wrapped.mass_matrix(t, q)
+
+    def nonholonomic(self, t, q, v):
+        return self.wrapped.stuck_rows(t, q, v)
+
+    def position_rate(self, t, q, v):
+        return self.wrapped.position_rate(t, q, v)
+
+
 class _HeldTerms(Terms):
     """The terms of a `WithUnilateral`: the underlying model's terms, with the
-    held rows appended after its holonomic rows (before its nonholonomic ones)."""
+    held rows appended after its holonomic rows (before its nonholonomic ones),
+    and with friction the slip rows of those that stick after its nonholonomic
+    rows and Coulomb's force of those that slip added to its forces."""
 
     def __init__(self, model: WithUnilateral, t, q, v=None):
         super().__init__(model, t, q, v)
         self.base = model.model.terms(t, q, v)
         self.held = Terms(_HeldRows(model), t, q, v)
+        self.stuck = None if model.stuck is None else Terms(_StuckRows(model), t, q, v)
 
     @functools.cached_property
     def mass_matrix(self):
@@ -278,7 +418,10 @@ class _HeldTerms(Terms):
 
     @functools.cached_property
     def forces(self):
-        return self.base.forces
+        if self.model.push is None:
+            return self.base.forces
+        return self.base.forces + self.model.friction_force(self.t, self.q,
+                                                            self._velocity())
 
     @functools.cached_property
     def input_matrix(self):
@@ -301,26 +444,39 @@ class _HeldTerms(Terms):
                                   self.held.holonomic_jacobian)
         return jnp.concatenate([phi, phi_h]), jnp.concatenate([A, A_h])
 
+    def _after(self, base, part):
+        """The rows `base` with `part(terms of the slip rows that stick)` appended
+        (with friction)."""
+        if self.stuck is None:
+            return base
+        return jnp.concatenate([base, part(self.stuck)])
+
     @functools.cached_property
     def kinematics(self) -> Kinematics:
         k, h = self.base.kinematics, self.held.kinematics
         m = k.phi_q.shape[0]
         return Kinematics(
             jnp.concatenate([k.phi_q, h.phi_q]), jnp.concatenate([k.dphi_q, h.dphi_q]),
-            jnp.concatenate([k.A_q, h.A_q]), jnp.concatenate([k.b_q, h.b_q]), k.phi_v,
-            jnp.concatenate([k.A_v[:m], h.A_v, k.A_v[m:]]),
-            jnp.concatenate([k.b_v[:m], h.b_v, k.b_v[m:]]))
+            jnp.concatenate([k.A_q, h.A_q]), jnp.concatenate([k.b_q, h.b_q]),
+            self._after(k.phi_v, lambda s: s.kinematics.phi_v),
+            self._after(jnp.concatenate([k.A_v[:m], h.A_v, k.A_v[m:]]),
+                        lambda s: s.kinematics.A_v),
+            self._after(jnp.concatenate([k.b_v[:m], h.b_v, k.b_v[m:]]),
+                        lambda s: s.kinematics.b_v))
 
     @functools.cached_property
     def residuals(self):
         (phi, vel), (phi_h, vel_h) = self.base.residuals, self.held.residuals
         m = phi.shape[0]
         return (jnp.concatenate([phi, phi_h]),
-                jnp.concatenate([vel[:m], vel_h, vel[m:]]))
+                self._after(jnp.concatenate([vel[:m], vel_h, vel[m:]]),
+                            lambda s: s.residuals[1]))
 
     @functools.cached_property
     def velocity_constraints(self):
         (r, A), (r_h, A_h) = self.base.velocity_constraints, self.held.velocity_constraints
         m = self.base.holonomic.shape[0]
-        return (jnp.concatenate([r[:m], r_h, r[m:]]),
-                jnp.concatenate([A[:m], A_h, A[m:]]))
+        return (self._after(jnp.concatenate([r[:m], r_h, r[m:]]),
+                            lambda s: s.velocity_constraints[0]),
+                self._after(jnp.concatenate([A[:m], A_h, A[m:]]),
+                            lambda s: s.velocity_constraints[1]))

@@ -45,12 +45,22 @@ class AbstractModel(eqx.Module):
       reaches zero is hit (an impact with the model's `restitution`), then holds
       as an equality while its force pushes and is released when it would pull
       (see [`cdiff.impact`][]).
+    - `slip(t, q, v)`: the tangential relative velocity at each unilateral row's
+      contact, shape `(r, d)` with `d = 1` (planar) or `d = 2` (spatial), linear in
+      `v` (its Jacobian comes by autodiff). Needed where `friction` is not zero.
+      Default: none.
 
     **Declarations:**
 
     - `restitution`: Newton's coefficient of restitution $e \in [0, 1]$ of the
       unilateral rows' impacts, a scalar or one per row (default 0: plastic). A
       model may declare it as a field, so that `jax.vmap` and `jax.grad` reach it.
+    - `friction`: Coulomb's coefficient $\mu \ge 0$ of the unilateral rows, a
+      scalar or one per row (default 0: frictionless). Where it is not zero, a
+      held row sticks (its `slip` held at zero while the force that needs stays
+      inside the cone $\|\lambda_T\| \le \mu\lambda_N$) or slips (the force
+      $\mu\lambda_N$ against the slip), see the docs' "Contact and friction"
+      page. A field, like `restitution`, for `vmap` and `grad`.
 
     - `conservative`: whether `energy` is conserved by the model's own forces
       (default `True`). A model whose applied forces do work or dissipate sets
@@ -103,6 +113,19 @@ class AbstractModel(eqx.Module):
         """Newton's coefficient of restitution of the unilateral rows' impacts, a
         scalar or one per row (see the class docstring). Default: 0 (plastic)."""
         return 0.0
+
+    @property
+    def friction(self):
+        """Coulomb's coefficient of friction of the unilateral rows, a scalar or
+        one per row (see the class docstring). Default: 0 (frictionless)."""
+        return 0.0
+
+    def slip(self, t, q, v):
+        """The tangential relative velocity at each unilateral row's contact,
+        shape `(r, d)`, linear in `v`, or `None` (the default): no tangential
+        direction (a model with `friction` must define it)."""
+        del t, q, v
+        return None
 
     @property
     def conservative(self) -> bool:

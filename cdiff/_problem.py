@@ -10,6 +10,7 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float, PyTree
 
 from ._formulation.base import AbstractFormulation, Context
+from ._formulation.frictional import Frictional
 from ._kinematics import ImpactTerms
 from ._results import error_if
 from ._solution import Solution, Trajectory, build_solution
@@ -71,6 +72,8 @@ class Problem(eqx.Module):
             )
         e0 = model.energy(t0, q0, v0)
         e0 = jnp.asarray(jnp.nan if e0 is None else e0, q0.dtype)
+        if getattr(model, "stuck", None) is not None:  # (a WithUnilateral's friction)
+            formulation = Frictional(formulation)
         controlled = isinstance(control, AbstractStatefulController)
         if controlled:
             formulation = ControllerState(formulation)

@@ -62,6 +62,11 @@ class RESULTS(diffrax.RESULTS):
         "is outside [0, 1] or NaN: e > 1 would gain energy at every impact. It was "
         "traced (inside jit, vmap or grad), so only the run could check it."
     )
+    bad_friction = (
+        "cdiff.simulate: the model's friction (a Coulomb coefficient per unilateral "
+        "row) is negative or not finite. It was traced (inside jit, vmap or grad), "
+        "so only the run could check it."
+    )
     infeasible_contact = (
         "cdiff.simulate: at an event, the unilateral rows at contact cannot hold "
         "together with the equality constraints and the other held rows: no motion "

@@ -311,13 +311,15 @@ def _own_loop_steps(solver, stepsize_controller, saveat, adjoint, max_steps,
 
 def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
                  max_steps: int, throw: bool, times, *, unilateral: bool = False,
-                 max_events: int | None = None) -> AbstractRoute:
+                 max_events: int | None = None, friction: bool = False
+                 ) -> AbstractRoute:
     """The route of a solve: `cdiff.BDF` by its own; cdiff's RK4 loop where it
     applies (see `_own_loop_steps`); else `diffrax.diffeqsolve`. For a model with
     `unilateral` rows (`check_unilateral` has checked the solve), cdiff's RK4 loop
     with events where it applies (also for `Projected(RK4())`, without save
     times), else segments of `diffrax.diffeqsolve` between events (at most
-    `max_events`, default 256; refused on the RK4 loop, which has no such cap)."""
+    `max_events`, default 256; refused on the RK4 loop, which has no such cap;
+    `friction`, refused there too)."""
     if unilateral:
         sub = plain_saveat(saveat)
         save = (bool(sub.t0), bool(sub.t1), bool(sub.steps))
@@ -331,6 +333,11 @@ def choose_route(solver, stepsize_controller, saveat, adjoint, progress: bool,
         steps = _own_loop_steps(solver.solver if projected else solver,
                                 stepsize_controller, saveat, adjoint, max_steps, times)
         if steps is not None and sub.ts is None:
+            if friction:
+                raise ValueError(
+                    "cdiff.simulate: friction is simulated in segments between "
+                    "events (a diffrax solver, e.g. diffrax.Tsit5() with a "
+                    "diffrax.PIDController); cdiff's RK4 loop does not take it yet.")
             if max_events is not None:
                 raise ValueError(
                     "cdiff.simulate: max_events caps the events of a solve in "

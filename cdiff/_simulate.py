@@ -20,6 +20,7 @@ from ._formulation.base import AbstractFormulation
 from ._model import AbstractModel, check_model
 from ._checks import (
     check_combination,
+    check_friction,
     check_unilateral,
     penetration_message,
     check_divergence,
@@ -181,10 +182,16 @@ def simulate(
         raise ValueError(f"cdiff.simulate: max_events caps the events of unilateral "
                          f"rows, and {type(model).__name__} has none.")
     original_model = model
+    slip_dims = (check_friction(model, unilateral, t0, q0, v0, formulation, solver)
+                 if unilateral else 0)
     if unilateral:
         # Rows held as equalities while active: none at the start (a row at
-        # contact and arriving is hit by the first step).
-        model = WithUnilateral(model, jnp.zeros(unilateral, bool))
+        # contact and arriving is hit by the first step). With friction, none
+        # sticks, and no force is pushed yet.
+        friction = (dict(stuck=jnp.zeros(unilateral, bool),
+                         sliding=jnp.zeros((unilateral, slip_dims), q0.dtype),
+                         push=jnp.zeros(unilateral, q0.dtype)) if slip_dims else {})
+        model = WithUnilateral(model, jnp.zeros(unilateral, bool), **friction)
     divergence = check_divergence(divergence, dtype)
     # Python floats in modules would be static under jit (one compilation per
     # value); as weakly-typed arrays they are traced, so sweeps reuse compilations.
@@ -208,7 +215,8 @@ def simulate(
     def solve(inner_throw: bool) -> Solution:
         route = choose_route(solver, stepsize_controller, saveat, adjoint, progress,
                              max_steps, inner_throw, (t0, t1, dt),
-                             unilateral=bool(unilateral), max_events=max_events)
+                             unilateral=bool(unilateral), max_events=max_events,
+                             friction=bool(slip_dims))
         options = tuple(sorted(top_level_options().items()))
         return _jitted_solve(options)(
             route, model, formulation, control, q0, v0, *times, throw=inner_throw,

@@ -11,7 +11,7 @@ import equinox as eqx
 import jax
 import jax.numpy as jnp
 import numpy as np
-from jaxtyping import Array, Bool, Float
+from jaxtyping import Array, Bool, Float, Int
 
 from ._animate import animate
 from ._formulation.base import AbstractFormulation, Context, applied_forces
@@ -75,6 +75,12 @@ class Solution(eqx.Module):
       held; see `unilateral_multipliers`), the nonholonomic rows'. The impacts
       between saved rows are in `stats["events"]`. `max_penetration` is the
       deepest $-g_i$.
+    - `contact_mode`: for a model with friction
+      ([`cdiff.AbstractModel.friction`][]), each row's mode at the saved states,
+      shape `(T, r)`: 0 open, 1 stick, 2 slip (`cdiff.CONTACT_MODES` names
+      them); `None` without friction. The multipliers then have `m + r + p + r d`
+      columns: the last `r d` are the friction forces of the rows that stick
+      (zero elsewhere), in the directions of `slip`.
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
     - `controller_state`: the state $z$ of a
@@ -108,6 +114,9 @@ class Solution(eqx.Module):
     controller_state: Any = None
     unilateral: Float[Array, "T r"] | None = None
     active: Bool[Array, "T r"] | None = None
+    contact_mode: Int[Array, "T r"] | None = None
+    # The slip's direction of each row at the saved states, with friction.
+    _sliding: Any = None
     # What the dynamics at the saved states need (see `_dynamics`): the solve's
     # context (its formulation included) split into its arrays and the rest (a
     # static field, so that the solution stays a pytree of arrays for `jax.jit`
@@ -346,6 +355,10 @@ def _finite_max(x):
     return jnp.max(x)
 
 
+#: The modes of `Solution.contact_mode`, by their number.
+CONTACT_MODES = ("open", "stick", "slip")
+
+
 class Trajectory(eqx.Module):
     """What an integration route returns: the saved times `ts` (`inf` in unused
     rows), the formulation's states `ys` at them, the solver's `result` and
@@ -359,6 +372,8 @@ class Trajectory(eqx.Module):
     dt: Any = None
     dt_taken: Any = None
     active: Any = None  # the active unilateral rows at the saved times (events)
+    # With friction: `(stuck, sliding)` of the rows at the saved times.
+    modes: Any = None
 
 
 _DIAGNOSTICS_CHUNK = 4096
@@ -471,9 +486,14 @@ def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, y
     def one(t, y):
         ctx = context
         if active is not None:
-            # The unilateral rows held at this row (`_along` zeroed unused rows).
+            # The unilateral rows held at this row (`_along` zeroed unused rows),
+            # with friction their modes too.
             y, held = y
-            ctx = eqx.tree_at(lambda c: c.model.active, ctx, held)
+            if isinstance(held, tuple):
+                ctx = eqx.tree_at(lambda c: (c.model.active, c.model.stuck,
+                                             c.model.sliding), ctx, held)
+            else:
+                ctx = eqx.tree_at(lambda c: c.model.active, ctx, held)
         dyn = formulation.dynamics_and_freeze(t, y, ctx, None, dt, True)[0]
         qdot, vdot = rates(formulation, ctx, t, y, dyn)
         return dyn.force, dyn.multipliers, qdot, vdot
@@ -504,7 +524,11 @@ def _dynamics_of_solution(sol: Solution):
     rows = sol.velocity_residual.shape[-1]
     if sol.active is not None:
         rows += sol.active.shape[-1]
-    return _batched_dynamics(context, sol._dt_frozen, sol.ts, ys, sol.active,
+    active = sol.active
+    if sol.contact_mode is not None:
+        active = (active, sol.contact_mode == CONTACT_MODES.index("stick"),
+                  sol._sliding)
+    return _batched_dynamics(context, sol._dt_frozen, sol.ts, ys, active,
                              rows=rows, batch=len(batch))
 
 
@@ -565,10 +589,18 @@ def build_solution(formulation: AbstractFormulation, context: Context,
     if throw:
         ts = result.error_if(ts, result == RESULTS.diverged)
     ys, zs = ys if controller_state else (ys, None)
+    contact_mode = sliding = None
+    if trajectory.modes is not None:
+        stuck, sliding = trajectory.modes
+        contact_mode = jnp.where(trajectory.active,
+                                 jnp.where(stuck, CONTACT_MODES.index("stick"),
+                                           CONTACT_MODES.index("slip")),
+                                 CONTACT_MODES.index("open")).astype(jnp.int32)
     arrays, static = eqx.partition(context, eqx.is_array)
     return Solution(ts, q, v, hol, vel, energy, ys, result, dt_taken, stats,
                     energy0=None if energy is None else context.e0,
                     controller_state=zs, unilateral=gaps, active=trajectory.active,
+                    contact_mode=contact_mode, _sliding=sliding,
                     _context_arrays=arrays, _context_static=_Static(static),
                     _dt_frozen=jnp.asarray(dt, ts.dtype))
 

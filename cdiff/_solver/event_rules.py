@@ -13,7 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from .._impact import impact_law, restitution_outside, unilateral_rate
+from .._impact import (friction_outside, impact_law, restitution_outside,
+                       unilateral_rate)
 from .._kinematics import ImpactTerms
 from .._problem import Problem
 from .._results import RESULTS
@@ -86,14 +87,16 @@ def start_result(problem: Problem, t0, y0):
     route: `RESULTS.penetrating_start` where the initial state is behind a row
     beyond `start_tolerance`, `RESULTS.bad_restitution` where the model's
     restitution (traced: outside `jit` `cdiff.simulate` refuses it before
-    tracing) is outside [0, 1] or NaN, otherwise successful."""
+    tracing) is outside [0, 1] or NaN, `RESULTS.bad_friction` where its friction
+    is negative or not finite, otherwise successful."""
     model = problem.context.model.model
     q0 = problem.coordinates(t0, y0)[0]
     g0 = model.unilateral(t0, q0)
     return RESULTS.where(
         jnp.any(g0 < -start_tolerance(q0)), RESULTS.penetrating_start,
         RESULTS.where(restitution_outside(model.restitution), RESULTS.bad_restitution,
-                      RESULTS.successful))
+                      RESULTS.where(friction_outside(model.friction),
+                                    RESULTS.bad_friction, RESULTS.successful)))
 
 
 def _with(problem: Problem, active, e0) -> Problem:

@@ -45,6 +45,7 @@ from .._problem import Problem
 from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
 from .bdf import BDF, bdf_solve
+from .event_friction import admissible, contact, modes_after, set_modes, unstick
 from .events import (MAX_EVENTS, Decision, Events, _with, held_multipliers,
                      release, released_rows, start_result, take_event)
 from .frozen import diffrax_problem, stepsize_tolerances
@@ -104,34 +105,46 @@ class Illinois(optx.AbstractRootFinder):
 
 
 class _Monitor(eqx.Module):
-    """The segment's monitor `m(t)` (see the module), a diffrax event function."""
+    """The segment's monitor `m(t)` (see the module), a diffrax event function.
+    With friction, also the stuck rows' cone margins (in the multipliers' unit)
+    and the slipping rows' slip monitors (in `v_scale`, the velocities' size at
+    the segment's start), see `event_friction`."""
 
     problem: Problem  # with the segment's active rows
     lam_scale: Float[Array, ""]
     offset: Float[Array, ""]
     dt_rest: Float[Array, ""]
+    v_scale: Float[Array, ""] | None = None
 
     def values(self, t, y):
-        """The rows' gaps (inf where held) and held multipliers (inf where not
-        held), each in its unit."""
+        """The rows' gaps (inf where held), held multipliers (inf where not
+        held) and, with friction, the friction monitors (none without), each in
+        its unit, and the `Contact` (None without friction)."""
         problem = self.problem
         wrapped = problem.context.model
         active = wrapped.active
         q, _ = problem.coordinates(t, y)
         scale = jnp.maximum(1.0, jnp.max(jnp.abs(q)))
         gap = jnp.where(active, jnp.inf, wrapped.unilateral(t, q) / scale)
+        if wrapped.stuck is not None:
+            c = contact(problem, t, y, active, problem.context.e0,
+                        dt_rest=self.dt_rest)
+            friction = jnp.concatenate([c.margin / self.lam_scale,
+                                        c.slip_monitor / self.v_scale])
+            return gap, c.lam_n / self.lam_scale, friction, c
         lam = jax.lax.cond(
             eqxi.unvmap_any(jnp.any(active)),
             lambda: held_multipliers(problem, t, y, active, problem.context.e0,
                                      dt_rest=self.dt_rest),
             lambda: jnp.full(active.shape, jnp.inf, q.dtype))
-        return gap, lam / self.lam_scale
+        return gap, lam / self.lam_scale, jnp.zeros((0,), q.dtype), None
 
     def __call__(self, t, y, args, **kwargs):
         del args, kwargs
-        gap, lam = self.values(t, y)
-        return jnp.minimum(jnp.min(gap, initial=jnp.inf),
-                           jnp.min(lam, initial=jnp.inf)) + self.offset
+        gap, lam, friction, _ = self.values(t, y)
+        return jnp.minimum(jnp.minimum(jnp.min(gap, initial=jnp.inf),
+                                       jnp.min(lam, initial=jnp.inf)),
+                           jnp.min(friction, initial=jnp.inf)) + self.offset
 
 
 class _Carry(NamedTuple):
@@ -141,10 +154,14 @@ class _Carry(NamedTuple):
     e0: Float[Array, ""]
     result: Any
     events: Events
+    # With friction (None without): the held rows that stick, the slip's
+    # direction of those that slip (see `event_friction`).
+    stuck: Any
+    sliding: Any
     steps: tuple  # (taken, accepted, rejected)
     ts: Float[Array, " n"]  # the saved rows (save times or steps)
     ys: Any
-    saved_active: Bool[Array, "n r"]
+    saved_active: Any  # (n, r) booleans; with friction, and the modes
     filled: Array  # rows of steps written
     done: Bool[Array, ""]
 
@@ -292,6 +309,13 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
     eps = jnp.finfo(dtype).eps
     active0 = problem.context.model.active
     r = active0.shape[0]
+    friction = problem.context.model.stuck is not None
+    modes0 = (problem.context.model.stuck, problem.context.model.sliding)
+
+    def _modes(active, stuck, sliding):
+        """What is saved of the rows at a state: `active`, with friction the
+        modes too."""
+        return (active, stuck, sliding) if friction else active
 
     # The saved rows beyond t0 and t1: save times, or every step (each event adds
     # a row: the step that ends there, saved with the state after the event, as a
@@ -300,24 +324,43 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
          else max_steps + MAX_EVENTS if save_steps else 0)
 
     def body(c: _Carry) -> _Carry:
-        # A held row that would pull at the segment's start is released there.
-        lam = jax.lax.cond(
-            eqxi.unvmap_any(jnp.any(c.active)),
-            lambda: held_multipliers(problem, c.t, c.y, c.active, c.e0, dt_rest=dt),
-            lambda: jnp.full(r, jnp.inf, dtype))
-        active, y = jax.lax.cond(
-            eqxi.unvmap_any(jnp.any(c.active & (lam < 0))),
-            lambda: release(problem, c.t, c.y, c.active, c.e0, lam),
-            lambda: (c.active, c.y))
-        prob = _with(problem, active, c.e0)
+        if friction:
+            # A held row that would pull at the segment's start is released
+            # there, and a row that sticks outside its cone slips.
+            base = set_modes(problem, c.stuck, c.sliding)
+            at_start = contact(base, c.t, c.y, c.active, c.e0, dt_rest=dt)
+            lam = at_start.lam_n
+            active = c.active & ~(lam < 0)
+            stuck, sliding = unstick(_with(base, c.active, c.e0), at_start)
+            fproblem = set_modes(problem, stuck, sliding)
+            changed = jnp.any(active != c.active) | jnp.any(stuck != c.stuck)
+            restarted = _with(fproblem, active, c.e0).restart(
+                c.t, *problem.coordinates(c.t, c.y))
+            y = jax.tree.map(lambda a, b: jnp.where(changed, a, b), restarted, c.y)
+            v_scale = jax.lax.stop_gradient(jnp.maximum(1.0, jnp.max(jnp.abs(
+                problem.coordinates(c.t, y)[1]))))
+        else:
+            fproblem, stuck, sliding, v_scale = problem, None, None, None
+            # A held row that would pull at the segment's start is released there.
+            lam = jax.lax.cond(
+                eqxi.unvmap_any(jnp.any(c.active)),
+                lambda: held_multipliers(problem, c.t, c.y, c.active, c.e0,
+                                         dt_rest=dt),
+                lambda: jnp.full(r, jnp.inf, dtype))
+            active, y = jax.lax.cond(
+                eqxi.unvmap_any(jnp.any(c.active & (lam < 0))),
+                lambda: release(problem, c.t, c.y, c.active, c.e0, lam),
+                lambda: (c.active, c.y))
+        prob = _with(fproblem, active, c.e0)
         held = jnp.where(active & (lam >= 0), lam, 0.0)
         lam_scale = jnp.maximum(jnp.max(held, initial=0.0), jnp.finfo(dtype).tiny)
         lam_scale = jax.lax.stop_gradient(lam_scale)
-        raw = _Monitor(prob, lam_scale, jnp.zeros((), dtype), dt)(c.t, y, None)
+        raw = _Monitor(prob, lam_scale, jnp.zeros((), dtype), dt, v_scale)(c.t, y, None)
         offset = jax.lax.stop_gradient(
             jnp.where(jnp.isfinite(raw), jnp.maximum(-raw, 0.0), 0.0) + 8 * eps)
+        monitor = _Monitor(prob, lam_scale, offset, dt, v_scale)
         # (Save times before the segment are saved at its start, and not taken.)
-        seg = segment(prob, c.t, y, _Monitor(prob, lam_scale, offset, dt),
+        seg = segment(prob, c.t, y, monitor,
                       None if save_ts is None else jnp.clip(save_ts, c.t, t1))
         t_end, y_end, hit = seg.t, seg.y, seg.event
         ok = seg.result == RESULTS.successful
@@ -325,6 +368,7 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
 
         # The saved rows this segment wrote.
         ts_out, ys_out, saved_active, filled = c.ts, c.ys, c.saved_active, c.filled
+        row_modes = _modes(active, stuck, sliding)
         if save_ts is not None:
             # [t, t_end) of an event's segment, [t, t_end] of the last: a save time
             # at an event has the state after its impact.
@@ -333,7 +377,9 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
             ts_out = jnp.where(take, save_ts, ts_out)
             ys_out = jax.tree.map(
                 lambda new, old: jnp.where(_rows(take, new), new, old), seg.ys, ys_out)
-            saved_active = jnp.where(take[:, None], active, saved_active)
+            saved_active = jax.tree.map(
+                lambda new, old: jnp.where(_rows(take, old), new, old), row_modes,
+                saved_active)
         elif save_steps:
             # Appended after the rows written so far (overflow ends the solve
             # with max_steps_reached).
@@ -343,13 +389,15 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
             ts_out = ts_out.at[index].set(seg.ts, mode="drop")
             ys_out = jax.tree.map(lambda out, new: out.at[index].set(new, mode="drop"),
                                   ys_out, seg.ys)
-            saved_active = saved_active.at[index].set(active, mode="drop")
+            saved_active = jax.tree.map(
+                lambda out, new: out.at[index].set(new, mode="drop"), saved_active,
+                row_modes)
             result = RESULTS.where(filled + count > n,
                                    RESULTS.max_steps_reached, result)
             filled = filled + count
 
         def take_it():
-            gap, lam_e = _Monitor(prob, lam_scale, offset, dt).values(t_end, y_end)
+            gap, lam_e, friction_e, contact_e = monitor.values(t_end, y_end)
             q_e, v_e = prob.coordinates(t_end, y_end)
             if projection is not None:
                 # The event state is the dense output's: projected like every
@@ -361,15 +409,29 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
                                           throw=throw)
                 v_e = projection.velocity(prob.context.model, t_end, q_e, v_e,
                                           throw=throw)
-            # (The monitor is located to a few round-offs: 16 eps in its units.)
-            released = released_rows(jnp.min(gap, initial=jnp.inf), lam_e, active,
-                                     16 * eps)
-            return take_event(problem, t_end, q_e, v_e, active, released, c.e0,
-                              c.events, record=hit, dt_rest=dt)
+            # (The monitor is located to a few round-offs: 16 eps in its units.
+            # A friction monitor that attains it releases no row.)
+            other = jnp.minimum(jnp.min(gap, initial=jnp.inf),
+                                jnp.min(friction_e, initial=jnp.inf))
+            released = released_rows(other, lam_e, active, 16 * eps)
+            y_next, held_next, e0_next, events, decided = take_event(
+                fproblem, t_end, q_e, v_e, active, released, c.e0, c.events,
+                record=hit, dt_rest=dt)
+            if not friction:
+                return y_next, held_next, e0_next, events, decided, None, None
+            # The modes from here: restarted with them.
+            q_n, v_n = prob.coordinates(t_end, y_next)
+            stuck_n, sliding_n = modes_after(
+                prob, contact_e, prob.context.model.slip(t_end, q_n, v_n), held_next,
+                speed_tol=jnp.sqrt(eps) * v_scale, cone_tol=16 * eps * lam_scale)
+            after = _with(set_modes(problem, stuck_n, sliding_n), held_next, e0_next)
+            y_next = after.restart(t_end, q_n, admissible(after, t_end, q_n, v_n))
+            return y_next, held_next, e0_next, events, decided, stuck_n, sliding_n
 
-        y_next, held_next, e0_next, events, decided = jax.lax.cond(
-            eqxi.unvmap_any(hit), take_it,
-            lambda: (y_end, active, c.e0, c.events, Decision.none(active)))
+        y_next, held_next, e0_next, events, decided, stuck_next, sliding_next = (
+            jax.lax.cond(eqxi.unvmap_any(hit), take_it,
+                         lambda: (y_end, active, c.e0, c.events,
+                                  Decision.none(active), stuck, sliding)))
         # (An impact that cannot meet its conditions ends the solve at its event.)
         result = RESULTS.where(hit & decided.infeasible, RESULTS.infeasible_contact,
                                result)
@@ -380,7 +442,9 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
             last = jnp.where(keep, filled - 1, n)
             ys_out = jax.tree.map(lambda out, x: out.at[last].set(x, mode="drop"),
                                   ys_out, y_next)
-            saved_active = saved_active.at[last].set(held_next, mode="drop")
+            saved_active = jax.tree.map(
+                lambda out, new: out.at[last].set(new, mode="drop"), saved_active,
+                _modes(held_next, stuck_next, sliding_next))
         return _Carry(
             t=jnp.where(running, t_end, c.t),
             y=jax.tree.map(lambda a, b: jnp.where(running, a, b),
@@ -388,6 +452,9 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
                                         y_end), c.y),
             active=jnp.where(keep, held_next, active),
             e0=jnp.where(keep, e0_next, c.e0), result=result, events=events,
+            stuck=None if not friction else jnp.where(keep, stuck_next, stuck),
+            sliding=(None if not friction
+                     else jnp.where(keep, sliding_next, sliding)),
             steps=tuple(a + b for a, b in zip(c.steps, seg.steps)),
             ts=ts_out, ys=ys_out,
             saved_active=saved_active, filled=filled,
@@ -398,9 +465,12 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
     init = _Carry(
         t=t0, y=y0, active=active0, e0=problem.context.e0, result=start,
         events=Events.empty(*problem.coordinates(t0, y0), r),
+        stuck=modes0[0], sliding=modes0[1],
         steps=(jnp.asarray(0),) * 3, ts=jnp.full((n,), inf),
         ys=jax.tree.map(lambda x: jnp.full((n,) + x.shape, inf, x.dtype), y0),
-        saved_active=jnp.zeros((n, r), bool), filled=jnp.asarray(0),
+        saved_active=jax.tree.map(lambda x: jnp.zeros((n,) + x.shape, x.dtype),
+                                  _modes(active0, *modes0)),
+        filled=jnp.asarray(0),
         done=start != RESULTS.successful)
     final = eqxi.while_loop(lambda c: ~c.done, body, init, max_steps=max_events + 1,
                             kind="checkpointed")
@@ -409,18 +479,23 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
     ended = result == RESULTS.successful
 
     def row(t, y, active):
-        return (t[None], (jax.tree.map(lambda x: x[None], y), active[None]))
+        return (t[None], jax.tree.map(lambda x: x[None], (y, active)))
 
     final_row = jax.tree.map(lambda x: jnp.where(ended, x, jnp.inf),
                              (final.t, final.y))
     ts, (ys, saved_active) = stack_saved(
-        t0=row(t0, y0, active0) if save_t0 else None,
+        t0=row(t0, y0, _modes(active0, *modes0)) if save_t0 else None,
         ts=(final.ts, (final.ys, final.saved_active)) if n else None,
-        t1=(row(*final_row, final.active) if save_t1 and not save_steps else None))
+        t1=(row(*final_row, _modes(final.active, final.stuck, final.sliding))
+            if save_t1 and not save_steps else None))
     if throw:
         ts = result.error_if(ts, result != RESULTS.successful)
     stats = dict(zip(_STEPS, final.steps), max_steps=max_steps, events=final.events)
-    return Trajectory(ts, ys, result, stats, active=saved_active)
+    if friction:
+        saved_active, modes = saved_active[0], saved_active[1:]
+    else:
+        modes = None
+    return Trajectory(ts, ys, result, stats, active=saved_active, modes=modes)
 
 
 def _rows(mask, x):

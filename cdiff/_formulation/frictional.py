@@ -1,0 +1,128 @@
+r"""Coulomb friction on the held unilateral rows, around any formulation.
+
+A held row that slips is pushed by $-\mu\lambda_N W^T\hat s$, a force that
+depends on the row's own normal multiplier $\lambda_N$. A formulation's
+accelerations and multipliers are affine in the applied forces, so with the
+normal multipliers $p$ that the friction force reads (`WithUnilateral.push`),
+the multipliers it returns are $\lambda_N(p) = \lambda_N(0) + \Lambda p$. The
+friction force is consistent where $p = \lambda_N(p)$ on the rows that slip:
+$(I - \Lambda_{SS})\,p_S = \lambda_N(0)_S$, one linear solve of the size of the
+slipping rows, with $\Lambda$ from one linearisation of the dynamics (its
+columns by `vmap`). The dynamics at $p$ are then the linearisation's value plus
+its tangent at $p$: the formulation is evaluated once, not again.
+"""
+
+from __future__ import annotations
+
+import equinox as eqx
+import jax
+import jax.numpy as jnp
+from jaxtyping import PyTree
+
+from .._model import AbstractModel
+from .base import AbstractFormulation, Context, Dynamics
+
+
+def _normal_rows(model, t, q) -> slice:
+    """Where the held rows' multipliers sit among a `WithUnilateral`'s: after
+    the wrapped model's holonomic rows."""
+    m = jax.eval_shape(model.model.holonomic, t, q).shape[0]
+    return slice(m, m + model.active.shape[0])
+
+
+def _plus(x, dx):
+    """`x + dx` for a value and its tangent (`x` where it has none: integers)."""
+    return x + dx if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x
+
+
+class Frictional(AbstractFormulation):
+    """`formulation` for a model with Coulomb friction (a `WithUnilateral` with
+    `stuck`, `sliding` and `push`): its dynamics with the normal multipliers of
+    the slipping rows solved together with the friction force they carry (see
+    the module); every other method is `formulation`'s. Built by `Problem.build`
+    where the model has friction."""
+
+    formulation: AbstractFormulation
+
+    @property
+    def stepwise(self) -> bool:  # pyright: ignore
+        return self.formulation.stepwise
+
+    @property
+    def freezes_from_terms(self) -> bool:  # pyright: ignore
+        return self.formulation.freezes_from_terms
+
+    @property
+    def supports_unilateral(self) -> bool:  # pyright: ignore
+        return self.formulation.supports_unilateral
+
+    @property
+    def state_feedback(self) -> bool:  # pyright: ignore
+        return self.formulation.state_feedback
+
+    @property
+    def corrects_energy(self) -> bool:
+        return self.formulation.corrects_energy
+
+    def _solved(self, t, y, context: Context, evaluate):
+        """`evaluate(context)`, `(Dynamics, rest)`, with the friction force of the
+        slipping rows at their own normal multipliers."""
+        model = context.model
+        q = self.formulation.coordinates(t, y, context)[0]
+        rows = _normal_rows(model, t, q)
+
+        def at(push):
+            return evaluate(eqx.tree_at(lambda c: c.model.push, context, push))
+
+        zero = jnp.zeros_like(model.push)
+        out, tangent = jax.linearize(at, zero)
+        lam0 = out[0].multipliers[rows]
+        # (Column j: the normal multipliers' change per unit of push on row j.)
+        columns = jax.vmap(lambda e: tangent(e)[0].multipliers[rows])(
+            jnp.eye(zero.shape[0], dtype=zero.dtype))
+        slipping = model.slipping
+        both = slipping[:, None] & slipping[None, :]
+        matrix = jnp.eye(zero.shape[0], dtype=zero.dtype) - jnp.where(both, columns.T,
+                                                                       0.0)
+        push = jnp.linalg.solve(matrix, jnp.where(slipping, lam0, 0.0))
+        return jax.tree.map(_plus, out, tangent(push))
+
+    def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
+        return self._solved(t, y, context, lambda c: (
+            self.formulation.dynamics(t, y, c, frozen), None))[0]
+
+    def vector_field_and_freeze(self, t, y, context: Context, frozen, dt, first):
+        dyn, frozen = self.dynamics_and_freeze(t, y, context, frozen, dt, first)
+        return dyn.rate, frozen
+
+    def dynamics_and_freeze(self, t, y, context: Context, frozen, dt, first,
+                            terms=None):
+        # (The caller's terms carry no friction force: the wrapped formulation
+        # evaluates its own, at each push.)
+        del terms
+        return self._solved(t, y, context, lambda c: self.formulation.dynamics_and_freeze(
+            t, y, c, frozen, dt, first))
+
+    def freeze(self, t0, t1, y0, context: Context) -> PyTree:
+        return self.formulation.freeze(t0, t1, y0, context)
+
+    def bind(self, model: AbstractModel, t0, q0, v0) -> AbstractFormulation:
+        return Frictional(self.formulation.bind(model, t0, q0, v0))
+
+    def prepare(self, model: AbstractModel, t0, q0, v0) -> PyTree:
+        return self.formulation.prepare(model, t0, q0, v0)
+
+    def init_state(self, t0, q0, v0, context: Context) -> PyTree:
+        return self.formulation.init_state(t0, q0, v0, context)
+
+    def coordinates(self, t, y, context: Context):
+        return self.formulation.coordinates(t, y, context)
+
+    def project(self, t, y, context: Context, projection) -> PyTree:
+        return self.formulation.project(t, y, context, projection)
+
+    def end_step(self, t, y, context: Context) -> PyTree:
+        return self.formulation.end_step(t, y, context)
+
+    def restart(self, t, q, v, context: Context) -> PyTree:
+        return self.formulation.restart(t, q, v, context)
