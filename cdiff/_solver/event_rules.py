@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from .._impact import (friction_outside, impact_law, restitution_outside,
-                       unilateral_rate)
+from .._impact import (friction_outside, has_friction, impact_law,
+                       restitution_outside, unilateral_rate)
 from .._kinematics import ImpactTerms
 from .._problem import Problem
 from .._results import RESULTS
@@ -92,11 +92,14 @@ def start_result(problem: Problem, t0, y0):
     model = problem.context.model.model
     q0 = problem.coordinates(t0, y0)[0]
     g0 = model.unilateral(t0, q0)
+    # (A model without friction, known before tracing, has none to check.)
+    friction = (RESULTS.where(friction_outside(model.friction), RESULTS.bad_friction,
+                              RESULTS.successful)
+                if has_friction(model) else RESULTS.successful)
     return RESULTS.where(
         jnp.any(g0 < -start_tolerance(q0)), RESULTS.penetrating_start,
         RESULTS.where(restitution_outside(model.restitution), RESULTS.bad_restitution,
-                      RESULTS.where(friction_outside(model.friction),
-                                    RESULTS.bad_friction, RESULTS.successful)))
+                      friction))
 
 
 def _with(problem: Problem, active, e0) -> Problem:

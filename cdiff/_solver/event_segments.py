@@ -118,8 +118,8 @@ class _Monitor(eqx.Module):
 
     def values(self, t, y):
         """The rows' gaps (inf where held), held multipliers (inf where not
-        held) and, with friction, the friction monitors (none without), each in
-        its unit, and the `Contact` (None without friction)."""
+        held) and, with friction, the friction monitors and the `Contact` (None
+        and None without), each in its unit."""
         problem = self.problem
         wrapped = problem.context.model
         active = wrapped.active
@@ -137,14 +137,15 @@ class _Monitor(eqx.Module):
             lambda: held_multipliers(problem, t, y, active, problem.context.e0,
                                      dt_rest=self.dt_rest),
             lambda: jnp.full(active.shape, jnp.inf, q.dtype))
-        return gap, lam / self.lam_scale, jnp.zeros((0,), q.dtype), None
+        return gap, lam / self.lam_scale, None, None
 
     def __call__(self, t, y, args, **kwargs):
         del args, kwargs
         gap, lam, friction, _ = self.values(t, y)
-        return jnp.minimum(jnp.minimum(jnp.min(gap, initial=jnp.inf),
-                                       jnp.min(lam, initial=jnp.inf)),
-                           jnp.min(friction, initial=jnp.inf)) + self.offset
+        m = jnp.minimum(jnp.min(gap, initial=jnp.inf), jnp.min(lam, initial=jnp.inf))
+        if friction is not None:
+            m = jnp.minimum(m, jnp.min(friction))
+        return m + self.offset
 
 
 class _Carry(NamedTuple):
@@ -411,8 +412,9 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
                                           throw=throw)
             # (The monitor is located to a few round-offs: 16 eps in its units.
             # A friction monitor that attains it releases no row.)
-            other = jnp.minimum(jnp.min(gap, initial=jnp.inf),
-                                jnp.min(friction_e, initial=jnp.inf))
+            other = jnp.min(gap, initial=jnp.inf)
+            if friction:
+                other = jnp.minimum(other, jnp.min(friction_e))
             released = released_rows(other, lam_e, active, 16 * eps)
             y_next, held_next, e0_next, events, decided = take_event(
                 fproblem, t_end, q_e, v_e, active, released, c.e0, c.events,
