@@ -244,10 +244,13 @@ def simulate(
         # A blow-up is often the symptom of constraints that no configuration meets.
         sol = _name_inconsistency(model, sol, throw=throw, start=(times[0], q0))
     if throw and concrete and not bool(sol.succeeded):
-        if sol.result == RESULTS.nonfinite:
+        if sol.result == RESULTS.nonfinite or (
+                slip_dims and sol.result == RESULTS.max_steps_reached):
             # Where a run-time check of the model (a mass matrix no longer positive
             # definite, ...) ended the solve, only the program with its checks
-            # raising names it: compiled for failed solves alone.
+            # raising names it: compiled for failed solves alone. (With friction,
+            # Painleve's check turns the state into NaN, which an adaptive solver
+            # meets by shrinking its step until it runs out of steps.)
             solve(True)
         raise RuntimeError(sol.message)
     sol = _name_inconsistency(model, sol, throw=throw)

@@ -20,6 +20,7 @@ import jax.numpy as jnp
 from jaxtyping import PyTree
 
 from .._model import AbstractModel
+from .._results import error_if
 from .base import AbstractFormulation, Context, Dynamics
 
 
@@ -28,6 +29,15 @@ def _normal_rows(model, t, q) -> slice:
     the wrapped model's holonomic rows."""
     m = jax.eval_shape(model.model.holonomic, t, q).shape[0]
     return slice(m, m + model.active.shape[0])
+
+
+PAINLEVE = (
+    "cdiff: Painleve's paradox at a state the solve reached: a sliding contact's "
+    "friction takes away more of its normal force than the contact is pushed with "
+    "(1 - d lambda_N / d p <= 0), so that no normal force is consistent with "
+    "Coulomb's law, or several are. The friction coefficient is above this "
+    "contact's critical value here; a smaller one, or a compliant contact, has a "
+    "solution.")
 
 
 def _plus(x, dx):
@@ -84,6 +94,11 @@ class Frictional(AbstractFormulation):
         both = slipping[:, None] & slipping[None, :]
         matrix = jnp.eye(zero.shape[0], dtype=zero.dtype) - jnp.where(both, columns.T,
                                                                        0.0)
+        # Painleve: a sliding row whose friction takes away more normal force than
+        # it is pushed with (1 - d lambda_N / d p <= 0) has no consistent normal
+        # force, or several: Coulomb's law has no unique solution there.
+        paradox = jnp.any(slipping & (jnp.diagonal(matrix) <= 0))
+        matrix = error_if(matrix, paradox, PAINLEVE, throw=context.throw)
         push = jnp.linalg.solve(matrix, jnp.where(slipping, lam0, 0.0))
         return jax.tree.map(_plus, out, tangent(push))
 

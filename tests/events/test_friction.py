@@ -292,6 +292,34 @@ def test_particle_launched_across_a_slope_turns_as_scipy_says():
                   == cdiff.CONTACT_MODES.index("slip"))
 
 
+class Rod(cdiff.AbstractModel):
+    """Painleve's rod: a uniform rod of unit mass and half-length 1, `(x, y,
+    angle)` of its centre, its lower end on the floor."""
+
+    friction: float = 2.0
+
+    def mass_matrix(self, t, q):
+        return jnp.diag(jnp.array([1.0, 1.0, 1.0 / 3.0], q.dtype))
+
+    def forces(self, t, q, v):
+        return jnp.array([0.0, -GRAVITY, 0.0], v.dtype)
+
+    def unilateral(self, t, q):
+        return q[1:2] - jnp.sin(q[2:3])
+
+    def slip(self, t, q, v):
+        return (v[0] + jnp.sin(q[2]) * v[2]).reshape(1, 1)
+
+
+def test_painleves_rod_stops_with_a_message_naming_it():
+    """Sliding with its lower end leading at tan(angle) = 2, the rod has no
+    consistent normal force for mu > 4/3 (1 - d lambda_N / d p = 1 - 3 mu sin cos
+    / (1 + 3 cos^2) < 0): the solve says so, instead of picking one."""
+    angle = np.arctan(2.0)
+    with pytest.raises(Exception, match="Painleve's paradox"):
+        _solve(Rod(2.0), [0.0, np.sin(angle), angle], [-1.0, 0.0, 0.0], [0.1])
+
+
 # -- refusals ---------------------------------------------------------------------
 
 
