@@ -39,6 +39,7 @@ from ._model import AbstractModel as AbstractModel
 from ._results import RESULTS as RESULTS
 from ._simulate import simulate as simulate
 from ._solution import CONTACT_MODES as CONTACT_MODES
+from ._solver.event_rules import EVENT_KINDS as EVENT_KINDS
 from ._solution import Solution as Solution
 from ._sketch import Sketch as Sketch
 from ._solver.bdf import BDF as BDF
@@ -79,7 +80,7 @@ except _metadata.PackageNotFoundError:  # pragma: no cover
 
 __all__ = [
     "AbstractDAEFormulation", "AbstractFormulation", "AbstractModel",
-    "AbstractProjection", "BDF", "CONTACT_MODES", "Context", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "Impact", "IndexOne",
+    "AbstractProjection", "BDF", "CONTACT_MODES", "Context", "EVENT_KINDS", "Dynamics", "EnergyLaw", "GGL", "GradientProjection", "Impact", "IndexOne",
     "Kinematics", "Lagrange", "NewtonProjection", "NullSpace", "Projected",
     "Projection", "RESULTS", "RK4", "Regularized", "SaveAt", "Sketch", "Solution",
     "Terms", "UdwadiaKalaba", "analysis", "animate", "cached_jit", "compiler_options", "configure_xla_flags",

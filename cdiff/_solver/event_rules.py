@@ -24,12 +24,20 @@ from .._solution import rates
 MAX_EVENTS = 64
 
 
+#: The kinds of the events of `Solution.stats["events"]`, by their number: an
+#: impact; a contact with friction that starts to stick; one that starts to slip
+#: (from sticking, or turning its slip's direction back).
+EVENT_KINDS = ("impact", "stick", "slip")
+
+
 class Events(eqx.Module):
-    r"""The impacts of a solve, in order (`Solution.stats["events"]`): the first
-    `MAX_EVENTS` of them, unused rows NaN. `count` counts them all. Per impact:
-    its time, configuration, velocities before and after, each row's impulse, the
-    rows that took part, those the rest rule stopped, and those that arrived
-    `grazing`: slower than one step's acceleration of the row turns them back,
+    r"""The events of a solve, in order (`Solution.stats["events"]`): the first
+    `MAX_EVENTS` of them, unused rows NaN. `count` counts them all. Per event:
+    its `kind` (an index into `cdiff.EVENT_KINDS`: impacts, and with friction a
+    contact that starts to stick or to slip), time, configuration, velocities
+    before and after, each row's impulse, the rows that took part, those the rest
+    rule stopped, and those that arrived `grazing`: slower than one step's
+    acceleration of the row turns them back,
     $|\dot g^-| < \ddot g\,\Delta t$ with $\ddot g > 0$ (a trajectory that only
     touches the row, or misses it by less than the solve resolves: the event
     and derivatives through it are unreliable, see the docs' limitations)."""
@@ -43,22 +51,31 @@ class Events(eqx.Module):
     rest: Bool[Array, "n r"]
     grazing: Bool[Array, "n r"]
     count: Array
+    # (n,) int32, see EVENT_KINDS; None where only impacts are recorded (a model
+    # without friction).
+    kind: Array | None = None
 
     @classmethod
-    def empty(cls, q, v, r: int, n: int = MAX_EVENTS):
+    def empty(cls, q, v, r: int, n: int = MAX_EVENTS, *, kinds: bool = False):
+        """No events, with room for `n`; `kinds`: the events' kinds recorded
+        (with friction)."""
         nan = jnp.asarray(jnp.nan, q.dtype)
         return cls(jnp.full((n,), nan), jnp.full((n,) + q.shape, nan),
                    jnp.full((n,) + v.shape, nan), jnp.full((n,) + v.shape, nan),
                    jnp.full((n, r), nan), jnp.zeros((n, r), bool),
                    jnp.zeros((n, r), bool), jnp.zeros((n, r), bool),
-                   jnp.zeros((), jnp.int32))
+                   jnp.zeros((), jnp.int32),
+                   jnp.zeros((n,), jnp.int32) if kinds else None)
 
     def add(self, when, t, q, v_before, v_after, impulse, rows, rest,
-            grazing) -> Events:
-        """This record with one impact appended where `when` (and room is left)."""
+            grazing, kind: int = 0) -> Events:
+        """This record with one event (an impact, or the `kind` of
+        `EVENT_KINDS`) appended where `when` (and room is left)."""
         one = [x[None] for x in (t, q, v_before, v_after, impulse, rows, rest,
                                  grazing)]
-        return self.extend(Events(*one, jnp.asarray(when).astype(jnp.int32)))
+        return self.extend(Events(
+            *one, jnp.asarray(when).astype(jnp.int32),
+            None if self.kind is None else jnp.full((1,), kind, jnp.int32)))
 
     def extend(self, new: Events) -> Events:
         """This record with the first `new.count` impacts of `new` appended (those
@@ -73,7 +90,8 @@ class Events(eqx.Module):
 
         fields = ("t", "q", "v_before", "v_after", "impulse", "rows", "rest", "grazing")
         return Events(*(put(getattr(self, f), getattr(new, f)) for f in fields),
-                      self.count + new.count)
+                      self.count + new.count,
+                      None if self.kind is None else put(self.kind, new.kind))
 
 
 def start_tolerance(q0):

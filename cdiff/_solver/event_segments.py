@@ -46,6 +46,7 @@ from .._results import RESULTS
 from .._solution import Trajectory, stack_saved
 from .bdf import BDF, bdf_solve
 from .event_friction import admissible, contact, modes_after, set_modes, unstick
+from .event_rules import EVENT_KINDS
 from .events import (MAX_EVENTS, Decision, Events, _with, held_multipliers,
                      release, released_rows, start_result, take_event)
 from .frozen import diffrax_problem, stepsize_tolerances
@@ -421,13 +422,33 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
                 record=hit, dt_rest=dt)
             if not friction:
                 return y_next, held_next, e0_next, events, decided, None, None
-            # The modes from here: restarted with them.
+            # The modes from here (a row that stops sticks if its cone allows,
+            # else slips on against the force that sticking needed), restarted
+            # with them.
             q_n, v_n = prob.coordinates(t_end, y_next)
             stuck_n, sliding_n = modes_after(
                 prob, contact_e, prob.context.model.slip(t_end, q_n, v_n), held_next,
                 speed_tol=jnp.sqrt(eps) * v_scale, cone_tol=16 * eps * lam_scale)
-            after = _with(set_modes(problem, stuck_n, sliding_n), held_next, e0_next)
-            y_next = after.restart(t_end, q_n, admissible(after, t_end, q_n, v_n))
+            tried = set_modes(problem, stuck_n, sliding_n)
+            v_n = admissible(_with(tried, held_next, e0_next), t_end, q_n, v_n)
+            y_next = _with(tried, held_next, e0_next).restart(t_end, q_n, v_n)
+            cone = contact(tried, t_end, y_next, held_next, e0_next, dt_rest=dt)
+            stuck_n, sliding_n = unstick(_with(tried, held_next, e0_next), cone)
+            y_next = _with(set_modes(problem, stuck_n, sliding_n), held_next,
+                           e0_next).restart(t_end, q_n, v_n)
+            # Recorded: the rows that start to stick, and those that start to
+            # slip or turn their slip back.
+            model = prob.context.model
+            friction_rows = held_next & (model.mu > 0)
+            was_stuck = model.stuck & active
+            now_stuck = stuck_n & friction_rows
+            turned = jnp.sum(sliding_n * model.sliding, axis=-1) <= -0.5
+            slips = friction_rows & ~now_stuck & (was_stuck | ~active | turned)
+            none = jnp.zeros(r, dtype)
+            for kind, rows in (("stick", now_stuck & ~was_stuck), ("slip", slips)):
+                events = events.add(hit & jnp.any(rows), t_end, q_n, v_e, v_n, none,
+                                    rows, jnp.zeros(r, bool), jnp.zeros(r, bool),
+                                    kind=EVENT_KINDS.index(kind))
             return y_next, held_next, e0_next, events, decided, stuck_n, sliding_n
 
         y_next, held_next, e0_next, events, decided, stuck_next, sliding_next = (
@@ -466,7 +487,7 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
     inf = jnp.asarray(jnp.inf, dtype)
     init = _Carry(
         t=t0, y=y0, active=active0, e0=problem.context.e0, result=start,
-        events=Events.empty(*problem.coordinates(t0, y0), r),
+        events=Events.empty(*problem.coordinates(t0, y0), r, kinds=friction),
         stuck=modes0[0], sliding=modes0[1],
         steps=(jnp.asarray(0),) * 3, ts=jnp.full((n,), inf),
         ys=jax.tree.map(lambda x: jnp.full((n,) + x.shape, inf, x.dtype), y0),

@@ -107,6 +107,15 @@ def test_block_on_a_slope_follows_coulombs_law(mu, v0):
     the slope, stops at v0 / (g(sin + mu cos)), then stays or slides back down."""
     sol = _block(mu, v0, TS)
     x = np.asarray(sol.q[:, 0])
+    events = sol.stats["events"]
+    kinds = [cdiff.EVENT_KINDS[k] for k in np.asarray(events.kind[:int(events.count)])]
+    # The impact that takes the row at the start, then its mode; launched up, it
+    # stops at the closed-form time, and sticks or turns (a second slip).
+    mode = "stick" if mu > np.tan(THETA) else "slip"
+    assert kinds == (["impact", mode] if v0 == 0 else ["impact", "slip", mode])
+    if v0:
+        t_stop = v0 / (GRAVITY * (np.sin(THETA) + mu * np.cos(THETA)))
+        np.testing.assert_allclose(float(events.t[2]), t_stop, rtol=0, atol=1e-10)
     np.testing.assert_allclose(x, _block_closed_form(mu, v0, TS), rtol=0, atol=1e-8)
     np.testing.assert_allclose(np.asarray(sol.q[:, 1]), 0.0, atol=1e-12)
 
@@ -179,6 +188,13 @@ def test_disk_slides_then_rolls(formulation):
     modes = np.asarray(sol.contact_mode[1:, 0])
     assert list(modes) == [cdiff.CONTACT_MODES.index("stick" if roll else "slip")
                            for roll in rolling[1:]]
+    # Recorded: the impact that takes the row at the start, its slip from there,
+    # and the stick at t*, located to round-off.
+    events = sol.stats["events"]
+    kinds = [cdiff.EVENT_KINDS[k] for k in np.asarray(events.kind[:int(events.count)])]
+    assert kinds == ["impact", "slip", "stick"]
+    np.testing.assert_allclose(float(events.t[2]), V0 / (3 * mu * GRAVITY),
+                               rtol=0, atol=1e-10)
     # The floor carries the weight; rolling needs no friction.
     np.testing.assert_allclose(np.asarray(sol.unilateral_multipliers[1:, 0]),
                                GRAVITY, rtol=1e-9)
