@@ -124,3 +124,24 @@ def first_call(fn, *args, repeats: int):
         jax.block_until_ready(f(*args))
         best = min(best, _clock() - start)
     return phases, best, value
+
+
+def best_of_rounds(cases, *, rounds: int, repeats: int) -> dict:
+    """`{key: (phases, run)}` for `cases`, `(key, fn, x)` each with `key` a tuple
+    of labels: each case's first call (`first_call`) and runs, in `rounds` rounds
+    over all the cases (a noisy machine's slow phases then fall on every case
+    alike), keeping the round with the fastest first call and the best run of
+    all. With several rounds, each measurement is printed as it is taken."""
+    best = {}
+    for round_ in range(rounds):
+        for key, fn, x in cases:
+            phases, run, _ = first_call(fn, x, repeats=repeats)
+            old = best.get(key)
+            if old is None or sum(phases) < sum(old[0]):
+                best[key] = (phases, min(run, old[1]) if old else run)
+            else:
+                best[key] = (old[0], min(run, old[1]))
+            if rounds > 1:
+                print(f"round {round_ + 1}: {' | '.join(key)}: first call "
+                      f"{sum(phases):.2f} s, run {run * 1e3:.2f} ms", flush=True)
+    return best

@@ -30,7 +30,7 @@ jax.config.update("jax_enable_x64", True)
 import cdiff  # noqa: E402
 if __name__ == "__main__":  # as the docs ask on CPU: before any JAX computation
     cdiff.configure_xla_flags()  # (not where another script imports this one)
-from _config import CLOCKS, first_call, set_clock  # noqa: E402
+from _config import CLOCKS, best_of_rounds, set_clock  # noqa: E402
 from _record import record  # noqa: E402
 
 GRAVITY = 9.81
@@ -103,24 +103,13 @@ def main():
         def loss(mu, final=final):
             return final(mu)[0]
 
-        cases += [(name, "one", final, mus[0]),
-                  (name, f"batch {args.batch}", jax.vmap(final), mus)]
+        cases += [((name, "one"), final, mus[0]),
+                  ((name, f"batch {args.batch}"), jax.vmap(final), mus)]
         if name != "disk, no friction":  # (mu = 0 is static there: nothing to vary)
-            cases.append((name, "gradient of one", jax.grad(loss), mus[0]))
-    best = {}
-    for round_ in range(args.rounds):
-        for name, kind, fn, x in cases:
-            phases, run, _ = first_call(fn, x, repeats=args.repeats)
-            old = best.get((name, kind))
-            if old is None or sum(phases) < sum(old[0]):
-                best[(name, kind)] = (phases, min(run, old[1]) if old else run)
-            else:
-                best[(name, kind)] = (old[0], min(run, old[1]))
-            if args.rounds > 1:
-                print(f"round {round_ + 1}: {name} | {kind}: first call "
-                      f"{sum(phases):.2f} s, run {run * 1e3:.2f} ms", flush=True)
+            cases.append(((name, "gradient of one"), jax.grad(loss), mus[0]))
+    best = best_of_rounds(cases, rounds=args.rounds, repeats=args.repeats)
     rows = []
-    for name, kind, _, _ in cases:
+    for (name, kind), _, _ in cases:
         phases, run = best[(name, kind)]
         base = best.get(("disk, no friction", kind))
         first = sum(phases)

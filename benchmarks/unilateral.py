@@ -30,7 +30,7 @@ jax.config.update("jax_enable_x64", True)
 import cdiff  # noqa: E402
 if __name__ == "__main__":  # as the docs ask on CPU: before any JAX computation
     cdiff.configure_xla_flags()  # (not where another script imports this one)
-from _config import CLOCKS, first_call, set_clock  # noqa: E402
+from _config import CLOCKS, best_of_rounds, set_clock  # noqa: E402
 from _record import record  # noqa: E402
 
 GRAVITY = 9.81
@@ -90,7 +90,7 @@ def main():
     args = parser.parse_args()
     set_clock(args.clock)
     theta = jnp.linspace(0.5, 0.7, args.batch)
-    cases = []  # (solver label, model name, trajectories, function, argument)
+    cases = []  # ((solver label, model name, trajectories), function, argument)
     for key in args.solvers:
         label, formulation, options = SOLVERS[key]
         for name, model in CASES.items():
@@ -106,26 +106,12 @@ def main():
             def loss(theta, final=final):
                 return final(theta)[0]
 
-            cases += [(label, name, "one", final, theta[0]),
-                      (label, name, f"batch {args.batch}", jax.vmap(final), theta),
-                      (label, name, "gradient of one", jax.grad(loss), theta[0])]
-    # Each case's first call and runs, in `--rounds` rounds over all the cases (a
-    # noisy machine's slow phases then fall on every case alike): the round with
-    # the fastest first call, and the best run of all.
-    best = {}
-    for round_ in range(args.rounds):
-        for label, name, kind, fn, x in cases:
-            phases, run, _ = first_call(fn, x, repeats=args.repeats)
-            old = best.get((label, name, kind))
-            if old is None or sum(phases) < sum(old[0]):
-                best[(label, name, kind)] = (phases, min(run, old[1]) if old else run)
-            else:
-                best[(label, name, kind)] = (old[0], min(run, old[1]))
-            if args.rounds > 1:
-                print(f"round {round_ + 1}: {label} | {name} | {kind}: first call "
-                      f"{sum(phases):.2f} s, run {run * 1e3:.2f} ms", flush=True)
+            cases += [((label, name, "one"), final, theta[0]),
+                      ((label, name, f"batch {args.batch}"), jax.vmap(final), theta),
+                      ((label, name, "gradient of one"), jax.grad(loss), theta[0])]
+    best = best_of_rounds(cases, rounds=args.rounds, repeats=args.repeats)
     rows = []
-    for label, name, kind, _, _ in cases:
+    for (label, name, kind), _, _ in cases:
         phases, run = best[(label, name, kind)]
         base_phases, base_run = best[(label, "no rows", kind)]
         first = sum(phases)

@@ -11,7 +11,7 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from ._kinematics import ImpactTerms, Kinematics, Terms, unilateral_jacobian
+from ._kinematics import ImpactTerms, Kinematics, Terms, jacobian, unilateral_jacobian
 from ._linalg import PseudoInverse, matvec
 from ._mass import checked_mass
 from ._model import AbstractModel
@@ -157,6 +157,12 @@ def impact(model: AbstractModel, t, q, v, hit=None, *, restitution=None,
     return out
 
 
+def admissible_velocity(mf, v, r_v, A_v, rtol=None):
+    """`v` projected onto the velocity constraints `A_v v' = A_v v - r_v` (the
+    residual `r_v` removed) in the kinetic metric of the mass factor `mf`."""
+    return v + mf.unweight(PseudoInverse(mf.weight(A_v), rtol).solve(-r_v))
+
+
 def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True,
                terms: ImpactTerms | None = None):
     """[`cdiff.impact`][] as a function of the restitution: the mass matrix, the
@@ -173,8 +179,7 @@ def impact_law(model: AbstractModel, t, q, v, hit=None, *, rtol=None, throw=True
     if k:
         # The velocity made admissible first (an integrator's drift off the
         # equalities is not part of the impact): Newton's law reads its rates.
-        pinv = PseudoInverse(mf.weight(A_v), rtol)
-        v = v + mf.unweight(pinv.solve(-r_v))
+        v = admissible_velocity(mf, v, r_v, A_v, rtol)
         r_v = jnp.zeros_like(r_v)
     g, gdot, G = unilateral_rate(model, t, q, v)
     if hit is None:
@@ -321,9 +326,23 @@ class WithUnilateral(AbstractModel):
 def slip_jacobian(model: AbstractModel, t, q, v):
     """`(s, W)`: the slip `model.slip(t, q, v)`, shape `(r, d)`, and its Jacobian
     with respect to `v`, shape `(r, d, nv)` (the slip is linear in `v`)."""
-    s, pushforward = jax.linearize(lambda v: model.slip(t, q, v), v)
-    W = jax.vmap(pushforward, out_axes=-1)(jnp.eye(v.shape[0], dtype=v.dtype))
-    return s, W
+    s = model.slip(t, q, v)
+    _, W = jacobian(lambda v: model.slip(t, q, v).ravel(), v)
+    return s, W.reshape(s.shape + v.shape)
+
+
+def safe_norm(x):
+    """The Euclidean norm over the last axis, with a finite derivative at zero."""
+    n2 = jnp.sum(x * x, axis=-1)
+    positive = n2 > 0
+    return jnp.where(positive, jnp.sqrt(jnp.where(positive, n2, 1.0)), 0.0)
+
+
+def unit(x, fallback=0.0):
+    """`x / |x|` over the last axis, `fallback` where `x` is zero (with a finite
+    derivative there)."""
+    n = safe_norm(x)[..., None]
+    return jnp.where(n > 0, x / jnp.where(n > 0, n, 1.0), fallback)
 
 
 def slip_direction(s, sliding):
@@ -331,14 +350,7 @@ def slip_direction(s, sliding):
     plane (`d = 1`) the sign `sliding` (a slip keeps its sign until it stops, an
     event); in space $s/\|s\|$, or `sliding` where the slip is zero (its onset,
     whose direction the event that starts it sets)."""
-    if s.shape[-1] == 1:
-        return sliding
-    norm2 = jnp.sum(s * s, axis=-1, keepdims=True)
-    tiny = jnp.finfo(s.dtype).tiny ** 0.5
-    moving = norm2 > tiny
-    # (The norm through `where`, so that its derivative is finite at zero.)
-    norm = jnp.sqrt(jnp.where(moving, norm2, 1.0))
-    return jnp.where(moving, s / norm, sliding)
+    return sliding if s.shape[-1] == 1 else unit(s, sliding)
 
 
 def free_rows(model: AbstractModel, t, q, v):

@@ -29,7 +29,7 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._linalg import PseudoInverse
+from .._impact import admissible_velocity, safe_norm, unit
 from .._mass import checked_mass
 from .._problem import Problem
 from .event_rules import _with
@@ -55,13 +55,6 @@ def set_modes(problem: Problem, stuck, sliding) -> Problem:
                        problem, (stuck, sliding))
 
 
-def _norm(x):
-    """The Euclidean norm over the last axis, with a finite derivative at zero."""
-    n2 = jnp.sum(x * x, axis=-1)
-    positive = n2 > 0
-    return jnp.where(positive, jnp.sqrt(jnp.where(positive, n2, 1.0)), 0.0)
-
-
 def contact(problem: Problem, t, y, active, e0, *, dt_rest) -> Contact:
     """The `Contact` at `(t, y)` with the rows `active` held and `problem`'s
     modes, from one evaluation of the dynamics."""
@@ -77,17 +70,11 @@ def contact(problem: Problem, t, y, active, e0, *, dt_rest) -> Contact:
     lam_t = jnp.where(stuck[:, None], dyn.multipliers[-r * d:].reshape(r, d), 0.0)
     # (The finite multipliers inside: inf times a coefficient would make the
     # derivative NaN, though not selected.)
-    margin = jnp.where(stuck, model.mu * normal - _norm(lam_t), jnp.inf)
+    margin = jnp.where(stuck, model.mu * normal - safe_norm(lam_t), jnp.inf)
     s = model.slip(t, q, v)
     slip_monitor = jnp.where(model.slipping, jnp.sum(s * model.sliding, axis=-1),
                              jnp.inf)
     return Contact(lam_n, lam_t, margin, slip_monitor, s)
-
-
-def _direction(x):
-    """`x / |x|` over the last axis (zero where `x` is)."""
-    n = _norm(x)[..., None]
-    return jnp.where(n > 0, x / jnp.where(n > 0, n, 1.0), 0.0)
 
 
 def unstick(problem: Problem, c: Contact) -> tuple[Bool[Array, " r"], Array]:
@@ -95,7 +82,7 @@ def unstick(problem: Problem, c: Contact) -> tuple[Bool[Array, " r"], Array]:
     (`margin < 0`), which slip against the force that sticking needed."""
     model = problem.context.model
     out = model.stuck & (c.margin < 0)
-    return model.stuck & ~out, jnp.where(out[:, None], _direction(-c.lam_t),
+    return model.stuck & ~out, jnp.where(out[:, None], unit(-c.lam_t),
                                          model.sliding)
 
 
@@ -108,12 +95,12 @@ def modes_after(problem: Problem, c: Contact, s, held, *, speed_tol, cone_tol):
     slips against the force that held it; a row that slips takes its slip's
     direction."""
     model = problem.context.model
-    zero = _norm(s) <= speed_tol
+    zero = safe_norm(s) <= speed_tol
     cone = model.stuck & model.active & (c.margin <= cone_tol)
     stuck = held & (model.mu > 0) & zero & ~cone
     sliding = jnp.where(zero[:, None],
-                        jnp.where(cone[:, None], _direction(-c.lam_t), model.sliding),
-                        _direction(s))
+                        jnp.where(cone[:, None], unit(-c.lam_t), model.sliding),
+                        unit(s))
     return stuck, jnp.where(held[:, None], sliding, model.sliding)
 
 
@@ -125,5 +112,4 @@ def admissible(problem: Problem, t, q, v):
     model = problem.context.model
     terms = model.terms(t, q, v)
     mf = checked_mass(model, t, q, terms, throw=problem.context.throw)[1]
-    r_v, A_v = terms.velocity_constraints
-    return v + mf.unweight(PseudoInverse(mf.weight(A_v)).solve(-r_v))
+    return admissible_velocity(mf, v, *terms.velocity_constraints)
