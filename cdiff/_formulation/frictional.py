@@ -7,9 +7,10 @@ normal multipliers $p$ that the friction force reads (`WithUnilateral.push`),
 the multipliers it returns are $\lambda_N(p) = \lambda_N(0) + \Lambda p$. The
 friction force is consistent where $p = \lambda_N(p)$ on the rows that slip:
 $(I - \Lambda_{SS})\,p_S = \lambda_N(0)_S$, one linear solve of the size of the
-slipping rows, with $\Lambda$ from one linearisation of the dynamics (its
-columns by `vmap`). The dynamics at $p$ are then the linearisation's value plus
-its tangent at $p$: the formulation is evaluated once, not again.
+slipping rows, with the dynamics at no push and $\Lambda$ from their tangents
+along each row's push (forward mode, by `vmap`). The dynamics at $p$ are then the
+value plus the tangents' combination with $p$: the formulation is evaluated once,
+not again.
 """
 
 from __future__ import annotations
@@ -40,9 +41,12 @@ PAINLEVE = (
     "solution.")
 
 
-def _plus(x, dx):
-    """`x + dx` for a value and its tangent (`x` where it has none: integers)."""
-    return x + dx if jnp.issubdtype(jnp.result_type(x), jnp.inexact) else x
+def _plus(x, push, tangents):
+    """`x` moved by `push` along its `tangents` (one per row, stacked first); `x`
+    where it has none (integers)."""
+    if not jnp.issubdtype(jnp.result_type(x), jnp.inexact):
+        return x
+    return x + jnp.tensordot(push, tangents, 1)
 
 
 class Frictional(AbstractFormulation):
@@ -85,11 +89,15 @@ class Frictional(AbstractFormulation):
             return evaluate(eqx.tree_at(lambda c: c.model.push, context, push))
 
         zero = jnp.zeros_like(model.push)
-        out, tangent = jax.linearize(at, zero)
+        eye = jnp.eye(zero.shape[0], dtype=zero.dtype)
+        # The dynamics at no push and their change per unit of push on each row
+        # (one tangent per row, by `vmap`): affine in the push, so these give
+        # the dynamics at any push without evaluating the formulation again.
+        out, tangents = jax.vmap(lambda e: jax.jvp(at, (zero,), (e,)),
+                                 out_axes=(None, 0))(eye)
         lam0 = out[0].multipliers[rows]
         # (Column j: the normal multipliers' change per unit of push on row j.)
-        columns = jax.vmap(lambda e: tangent(e)[0].multipliers[rows])(
-            jnp.eye(zero.shape[0], dtype=zero.dtype))
+        columns = tangents[0].multipliers[:, rows]
         slipping = model.slipping
         both = slipping[:, None] & slipping[None, :]
         matrix = jnp.eye(zero.shape[0], dtype=zero.dtype) - jnp.where(both, columns.T,
@@ -100,7 +108,7 @@ class Frictional(AbstractFormulation):
         paradox = jnp.any(slipping & (jnp.diagonal(matrix) <= 0))
         matrix = error_if(matrix, paradox, PAINLEVE, throw=context.throw)
         push = jnp.linalg.solve(matrix, jnp.where(slipping, lam0, 0.0))
-        return jax.tree.map(_plus, out, tangent(push))
+        return jax.tree.map(lambda x, dx: _plus(x, push, dx), out, tangents)
 
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         return self._solved(t, y, context, lambda c: (
