@@ -292,6 +292,22 @@ class WithUnilateral(AbstractModel):
         load = jnp.where(self.slipping, self.mu * self.push, 0.0)
         return -jnp.einsum("r,rd,rdn->n", load, direction.astype(W.dtype), W)
 
+    def friction_of(self, t, q, v, multipliers):
+        r"""Each row's friction force $f_i$, shape `(r, d)`, with generalized force
+        $\sum_i W_i^T f_i$, from the `multipliers` of the dynamics with these
+        modes: a row that sticks, its own multipliers (the last `r d`); one that
+        slips, $-\mu\lambda_N\hat s$ (its normal multiplier after the
+        holonomic rows'); zero elsewhere."""
+        m = jax.eval_shape(self.model.holonomic, t, q).shape[0]
+        r, d = self.sliding.shape
+        lam_n = multipliers[m:m + r]
+        stuck = self.stuck & self.active & (self.mu > 0)
+        held = multipliers[multipliers.shape[0] - r * d:].reshape(r, d)
+        direction = slip_direction(self.model.slip(t, q, v), self.sliding)
+        slipping = -(self.mu * lam_n)[:, None] * direction.astype(lam_n.dtype)
+        return jnp.where(stuck[:, None], held,
+                         jnp.where(self.slipping[:, None], slipping, 0.0))
+
     def unilateral(self, t, q):
         return self.model.unilateral(t, q)
 

@@ -80,7 +80,8 @@ class Solution(eqx.Module):
       shape `(T, r)`: 0 open, 1 stick, 2 slip (`cdiff.CONTACT_MODES` names
       them); `None` without friction. The multipliers then have `m + r + p + r d`
       columns: the last `r d` are the friction forces of the rows that stick
-      (zero elsewhere), in the directions of `slip`.
+      (zero elsewhere), in the directions of `slip`. `friction_force` gives
+      every row's, the slipping rows' included, shape `(T, r, d)`.
     - `state`: the formulation's own state at the saved times (`(q, v)` for most;
       `(q, nu, R)` for [`cdiff.NullSpace`][]).
     - `controller_state`: the state $z$ of a
@@ -174,10 +175,21 @@ class Solution(eqx.Module):
         r"""The multipliers $\lambda$ at the saved states (see the attributes)."""
         return self._dynamics()[1]
 
+    @property
+    def friction_force(self) -> Float[Array, "*batch T r d"] | None:
+        r"""With friction, each row's friction force $f_i$ at the saved states,
+        shape `(T, r, d)`, in the directions of `slip` (its generalized force is
+        $W_i^T f_i$, $W_i$ the slip's Jacobian): the force that holds a row that
+        sticks ($\|f_i\| \le \mu_i\lambda_{N,i}$), Coulomb's
+        $-\mu_i\lambda_{N,i}\hat s_i$ on one that slips, zero on an open row.
+        The normal force $\lambda_N$ is `unilateral_multipliers`. `None` without
+        friction."""
+        return self._dynamics()[4]
+
     def _dynamics(self):
-        """`(constraint_force, multipliers, qdot, vdot)`, computed from the saved
-        states when asked for (one compilation per kind of solution outside `jit`,
-        in line inside it)."""
+        """`(constraint_force, multipliers, qdot, vdot, friction_force)`,
+        computed from the saved states when asked for (one compilation per kind
+        of solution outside `jit`, in line inside it)."""
         return _dynamics_of_solution(self)
 
     @property
@@ -294,7 +306,7 @@ class Solution(eqx.Module):
         fn = _hermite
         for _ in range(jnp.ndim(self.ts) - 1):
             fn = jax.vmap(fn, in_axes=(0, 0, 0, 0, 0, None))
-        _, _, qdot, vdot = self._dynamics()
+        _, _, qdot, vdot, _ = self._dynamics()
         return fn(self.ts, self.q, self.v, qdot, vdot, t)
 
     def animate(self, model: AbstractModel, path, **kwargs) -> Path:
@@ -473,8 +485,9 @@ def diagnostics(formulation: AbstractFormulation, context: Context, ts, ys):
 
 def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, ys,
                    *, rows: int, active=None):
-    """The constraint force, multipliers and `(qdot, vdot)` (see `rates`) along
-    saved states, the formulation's per-step data taken with step `dt` from each
+    """The constraint force, multipliers, `(qdot, vdot)` (see `rates`) and, with
+    friction, each row's friction force (see `WithUnilateral.friction_of`; None
+    without) along saved states, the formulation's per-step data taken with step `dt` from each
     state, and with the unilateral rows `active` at each (a `WithUnilateral`
     model). The model's run-time checks turn a failing row into NaN (they held at
     these states during the solve)."""
@@ -496,9 +509,13 @@ def dynamics_along(formulation: AbstractFormulation, context: Context, dt, ts, y
                 ctx = eqx.tree_at(lambda c: c.model.active, ctx, held)
         dyn = formulation.dynamics_and_freeze(t, y, ctx, None, dt, True)[0]
         qdot, vdot = rates(formulation, ctx, t, y, dyn)
-        return dyn.force, dyn.multipliers, qdot, vdot
+        friction = None
+        if active is not None and isinstance(held, tuple):
+            q, v = formulation.coordinates(t, y, ctx)
+            friction = ctx.model.friction_of(t, q, v, dyn.multipliers)
+        return dyn.force, dyn.multipliers, qdot, vdot, friction
 
-    return _along(one, ts, ys, (False, rows == 0, False, False))
+    return _along(one, ts, ys, (False, rows == 0, False, False, False))
 
 
 def _dynamics_of_solution(sol: Solution):

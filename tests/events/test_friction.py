@@ -118,6 +118,18 @@ def test_block_on_a_slope_follows_coulombs_law(mu, v0):
         np.testing.assert_allclose(float(events.t[2]), t_stop, rtol=0, atol=1e-10)
     np.testing.assert_allclose(x, _block_closed_form(mu, v0, TS), rtol=0, atol=1e-8)
     np.testing.assert_allclose(np.asarray(sol.q[:, 1]), 0.0, atol=1e-12)
+    # The friction force: Coulomb's mu lambda_N against the slip while it slides,
+    # the slope's pull g sin(theta) while it sticks; lambda_N = g cos(theta).
+    modes = np.asarray(sol.contact_mode[1:, 0])
+    force = np.asarray(sol.friction_force[1:, 0, 0])
+    normal = GRAVITY * np.cos(THETA)
+    np.testing.assert_allclose(np.asarray(sol.unilateral_multipliers[1:, 0]), normal,
+                               rtol=1e-10)
+    sliding = modes == cdiff.CONTACT_MODES.index("slip")
+    np.testing.assert_allclose(
+        force[sliding], -mu * normal * np.sign(np.asarray(sol.v[1:, 0])[sliding]),
+        rtol=1e-10)
+    np.testing.assert_allclose(force[~sliding], GRAVITY * np.sin(THETA), rtol=1e-10)
 
 
 def test_a_stuck_block_does_not_creep():
@@ -133,6 +145,8 @@ def test_a_stuck_block_does_not_creep():
     np.testing.assert_allclose(np.asarray(sol.unilateral_multipliers[1:, 0]),
                                GRAVITY * np.cos(THETA), rtol=1e-12)
     np.testing.assert_allclose(np.asarray(sol.multipliers[1:, -1]),
+                               GRAVITY * np.sin(THETA), rtol=1e-12)
+    np.testing.assert_allclose(np.asarray(sol.friction_force[1:, 0, 0]),
                                GRAVITY * np.sin(THETA), rtol=1e-12)
 
 
@@ -199,6 +213,11 @@ def test_disk_slides_then_rolls(formulation):
     np.testing.assert_allclose(np.asarray(sol.unilateral_multipliers[1:, 0]),
                                GRAVITY, rtol=1e-9)
     np.testing.assert_allclose(np.asarray(sol.multipliers[rolling, -1]), 0.0,
+                               atol=1e-9)
+    # Coulomb's mu g against the slip while it slides (every row: the friction
+    # force whatever the mode).
+    force = np.asarray(sol.friction_force[1:, 0, 0])
+    np.testing.assert_allclose(force, np.where(rolling[1:], 0.0, -mu * GRAVITY),
                                atol=1e-9)
 
 
