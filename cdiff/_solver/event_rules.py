@@ -229,6 +229,8 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
     where the caller evaluated them (`_stages`)."""
     model = problem.context.model.model
     throw = problem.context.throw
+    # (Decided before tracing, as the model's modes are.)
+    friction = problem.context.model.stuck is not None
     dtype = q.dtype
     r = active.shape[0]
     e = jnp.broadcast_to(jnp.asarray(model.restitution, dtype), (r,))
@@ -238,14 +240,15 @@ def take_event(problem: Problem, t, q, v, active, released, e0, events: Events, 
         hit = ~active & (model.unilateral(t, q) <= eps ** 0.75 * scale)
         # (A held row joins the impact where the others' impulses drive it in.)
         law = impact_law(model, t, q, v, hit | (active & ~released), throw=throw,
-                         terms=terms)
+                         terms=terms, friction=friction)
         if vdot is None:
             y = _with(problem, active, e0).restart(t, q, v)
             vdot = held_dynamics(problem, t, y, active, e0, dt_rest=dt_rest)[1]
         decision = _decide(problem, law, t, q, v, vdot, active, released, hit, e, e0,
                            dt_rest=dt_rest)
     else:
-        law = impact_law(model, t, q, v, throw=throw, terms=terms)
+        law = impact_law(model, t, q, v, throw=throw, terms=terms,
+                         friction=friction)
     out = law(jnp.where(decision.rest, 0.0, e), rows=decision.rows)
     # (The energy reference, for a formulation that holds the energy.)
     e_after = (model.energy(t, q, out.v) if problem.formulation.corrects_energy
