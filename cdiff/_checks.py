@@ -17,7 +17,8 @@ from ._formulation.base import AbstractFormulation
 from ._formulation.controller import AbstractStatefulController, check_controller
 from ._formulation.dae import AbstractDAEFormulation
 from ._formulation.nullspace import AbstractStateFeedback
-from ._impact import check_friction as _slip_dimension, check_restitution
+from ._coulomb import check_friction as _slip_dimension
+from ._impact import check_restitution
 from ._model import has_energy
 from ._results import is_concrete
 from ._routes import constant_steps
@@ -290,7 +291,7 @@ def check_unilateral(model, formulation, solver, stepsize_controller, saveat, ad
 def check_friction(model, rows: int, t0, q0, v0, formulation, solver) -> int:
     """The dimension of `model`'s slip where it has friction (0 where it has
     none), checked before tracing: its `friction` and `slip` (see
-    `cdiff._impact.check_friction`), and a solve that can simulate it: a
+    `cdiff._coulomb.check_friction`), and a solve that can simulate it: a
     formulation that does not hold the energy (friction dissipates it) and a
     diffrax solver (the segments between events; cdiff's BDF and its RK4 loop
     do not take friction yet: `choose_route` refuses the latter)."""

@@ -29,7 +29,8 @@ import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Bool, Float
 
-from .._impact import admissible_velocity, safe_norm, unit
+from .._coulomb import safe_norm, unit
+from .._impact import admissible_velocity
 from .._mass import checked_mass
 from .._problem import Problem
 from .event_rules import _with

@@ -13,8 +13,8 @@ import jax.numpy as jnp
 import numpy as np
 from jaxtyping import Array, Bool, Float
 
-from .._impact import (friction_outside, has_friction, impact_law,
-                       restitution_outside, unilateral_rate)
+from .._coulomb import friction_outside, has_friction
+from .._impact import impact_law, restitution_outside, unilateral_rate
 from .._kinematics import ImpactTerms
 from .._problem import Problem
 from .._results import RESULTS

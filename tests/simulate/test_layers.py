@@ -22,7 +22,8 @@ LAYERS = [
     # The model interface: what a model is, its kinematics and mass matrix.
     ["cdiff._kinematics", "cdiff._model", "cdiff._mass"],
     # Drawing a model's motion; projections onto the constraints.
-    ["cdiff._animate", "cdiff._projection", "cdiff._consistent", "cdiff._impact"],
+    ["cdiff._animate", "cdiff._projection", "cdiff._consistent", "cdiff._coulomb",
+     "cdiff._impact"],
     ["cdiff._formulation"],
     # The driver: solution, problem, solvers, simulate.
     ["cdiff._solution"],
