@@ -1,4 +1,6 @@
-"""The result of a solve: `Solution`, and how every route builds it."""
+"""The result of a solve: `Solution`, and how every route builds it (one module
+over 600 lines: the class's docstring is the reference of every attribute, and
+its lazily evaluated dynamics are built here, where the solution is)."""
 
 from __future__ import annotations
 
