@@ -6,6 +6,7 @@ from __future__ import annotations
 import diffrax
 import equinox as eqx
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 #: The largest growth a solve may show before it is reported as diverged (the
@@ -67,6 +68,14 @@ class RESULTS(diffrax.RESULTS):
         "row) is negative or not finite. It was traced (inside jit, vmap or grad), "
         "so only the run could check it."
     )
+    painleve = (
+        "cdiff.simulate: Painleve's paradox: a sliding contact's friction takes "
+        "away more of its normal force than the contact is pushed with (1 - d "
+        "lambda_N / d p <= 0), so that no normal force is consistent with "
+        "Coulomb's law, or several are. The friction coefficient is above this "
+        "contact's critical value at the state where the solve stopped (its last "
+        "saved row); a smaller one, or a compliant contact, has a solution."
+    )
     infeasible_contact = (
         "cdiff.simulate: at an event, the unilateral rows at contact cannot hold "
         "together with the equality constraints and the other held rows: no motion "
@@ -108,5 +117,12 @@ def is_concrete(*xs) -> bool:
 def error_if(x, pred, msg: str, *, throw: bool):
     """`eqx.error_if` for a check at a state the solver reached: with `throw` it
     raises (or follows `EQX_ON_ERROR`); without, it turns `x` into NaN so that the
-    solve ends with `RESULTS.nonfinite` (`simulate(..., throw=False)`)."""
-    return eqx.error_if(x, pred, msg, on_error="default" if throw else "nan")
+    solve ends with `RESULTS.nonfinite` (`simulate(..., throw=False)`), or with the
+    code of the check where the route names it. Under `vmap`, only the members
+    whose check fails (equinox's "nan" would turn every member into NaN where one
+    fails: it reduces the predicate over the batch)."""
+    if throw:
+        return eqx.error_if(x, pred, msg)
+    bad = jnp.any(pred)
+    return jax.tree.map(lambda a: jnp.where(bad, jnp.nan, a)
+                        if jnp.issubdtype(a.dtype, jnp.inexact) else a, x)

@@ -15,6 +15,8 @@ not again.
 
 from __future__ import annotations
 
+import dataclasses
+
 import equinox as eqx
 import jax
 import jax.numpy as jnp
@@ -78,9 +80,10 @@ class Frictional(AbstractFormulation):
     def corrects_energy(self) -> bool:
         return self.formulation.corrects_energy
 
-    def _solved(self, t, y, context: Context, evaluate):
-        """`evaluate(context)`, `(Dynamics, rest)`, with the friction force of the
-        slipping rows at their own normal multipliers."""
+    def _affine(self, t, y, context: Context, evaluate):
+        r"""`evaluate(context)` at no push and its tangents along each row's push,
+        the matrix $I - \Lambda_{SS}$ (identity outside the slipping rows), the
+        right-hand side $\lambda_N(0)_S$, and whether Painleve's paradox holds."""
         model = context.model
         q = self.formulation.coordinates(t, y, context)[0]
         rows = _normal_rows(model, t, q)
@@ -100,15 +103,28 @@ class Frictional(AbstractFormulation):
         columns = tangents[0].multipliers[:, rows]
         slipping = model.slipping
         both = slipping[:, None] & slipping[None, :]
-        matrix = jnp.eye(zero.shape[0], dtype=zero.dtype) - jnp.where(both, columns.T,
-                                                                       0.0)
+        matrix = eye - jnp.where(both, columns.T, 0.0)
         # Painleve: a sliding row whose friction takes away more normal force than
         # it is pushed with (1 - d lambda_N / d p <= 0) has no consistent normal
         # force, or several: Coulomb's law has no unique solution there.
         paradox = jnp.any(slipping & (jnp.diagonal(matrix) <= 0))
+        return out, tangents, matrix, jnp.where(slipping, lam0, 0.0), paradox
+
+    def _solved(self, t, y, context: Context, evaluate):
+        """`evaluate(context)`, `(Dynamics, rest)`, with the friction force of the
+        slipping rows at their own normal multipliers."""
+        out, tangents, matrix, rhs, paradox = self._affine(t, y, context, evaluate)
         matrix = error_if(matrix, paradox, PAINLEVE, throw=context.throw)
-        push = jnp.linalg.solve(matrix, jnp.where(slipping, lam0, 0.0))
+        push = jnp.linalg.solve(matrix, rhs)
         return jax.tree.map(lambda x, dx: _plus(x, push, dx), out, tangents)
+
+    def paradox(self, t, y, context: Context, dt):
+        """Whether Painleve's paradox holds at `(t, y)` (the dynamics with the
+        per-step data of a step `dt` from there): where a solve that stopped
+        reads it, to name it (`RESULTS.painleve`)."""
+        context = dataclasses.replace(context, throw=False)
+        return self._affine(t, y, context, lambda c: (
+            self.formulation.dynamics_and_freeze(t, y, c, None, dt, True)))[-1]
 
     def dynamics(self, t, y, context: Context, frozen) -> Dynamics:
         return self._solved(t, y, context, lambda c: (

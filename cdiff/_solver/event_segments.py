@@ -367,6 +367,17 @@ def _segments(problem: Problem, segment, *, save: tuple[bool, bool, bool], save_
         t_end, y_end, hit = seg.t, seg.y, seg.event
         ok = seg.result == RESULTS.successful
         result = RESULTS.where(ok, c.result, seg.result)
+        if friction:
+            # A segment that stopped where a sliding contact has no consistent
+            # normal force (Painleve's check turned its steps into NaN) says so:
+            # at its end, or at its start (under `vmap` a member that failed may
+            # end on its NaN state).
+            paradox = jax.lax.cond(
+                eqxi.unvmap_any(~ok),
+                lambda: (prob.formulation.paradox(t_end, y_end, prob.context, dt)
+                         | prob.formulation.paradox(c.t, y, prob.context, dt)),
+                lambda: jnp.zeros((), bool))
+            result = RESULTS.where(~ok & paradox, RESULTS.painleve, result)
 
         # The saved rows this segment wrote.
         ts_out, ys_out, saved_active, filled = c.ts, c.ys, c.saved_active, c.filled

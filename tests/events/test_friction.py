@@ -353,6 +353,15 @@ def test_painleves_rod_stops_with_a_message_naming_it():
     angle = np.arctan(2.0)
     with pytest.raises(Exception, match="Painleve's paradox"):
         _solve(Rod(2.0), [0.0, np.sin(angle), angle], [-1.0, 0.0, 0.0], [0.1])
+    # Without raising, the solve ends with its own result code; under vmap, that
+    # member alone: below the critical coefficient (4/3 here) the rod slides on.
+    sol = jax.vmap(lambda mu: _solve(
+        Rod(mu), [0.0, np.sin(angle), angle], [-1.0, 0.0, 0.0], [0.1],
+        throw=False))(jnp.array([1.0, 2.0]))
+    assert [int(r) for r in sol.result._value] == [
+        int(cdiff.RESULTS.successful._value), int(cdiff.RESULTS.painleve._value)]
+    assert "Painleve's paradox" in sol.message
+    assert np.all(np.isfinite(np.asarray(sol.q[0])))
 
 
 # -- refusals ---------------------------------------------------------------------
