@@ -123,6 +123,10 @@ def error_if(x, pred, msg: str, *, throw: bool):
     fails: it reduces the predicate over the batch)."""
     if throw:
         return eqx.error_if(x, pred, msg)
-    bad = jnp.any(pred)
-    return jax.tree.map(lambda a: jnp.where(bad, jnp.nan, a)
-                        if jnp.issubdtype(a.dtype, jnp.inexact) else a, x)
+
+    def nan(x):
+        return jax.tree.map(lambda a: jnp.full_like(a, jnp.nan)
+                            if jnp.issubdtype(a.dtype, jnp.inexact) else a, x)
+
+    # (A conditional, as equinox's: under `vmap` a select per member.)
+    return jax.lax.cond(jnp.any(pred), nan, lambda x: x, x)
