@@ -338,6 +338,27 @@ def force_reference(t):
 GRAVITY = 9.81
 
 
+class Disk(cdiff.AbstractModel):
+    """A uniform disk of unit mass and radius `radius` on a floor (friction
+    `friction`), `(x, y, phi)`: the slip of its contact point
+    `dx/dt + radius dphi/dt` (tests/events' friction tests)."""
+
+    radius: float = 0.5
+    friction: float = 0.3
+
+    def mass_matrix(self, t, q):
+        return jnp.diag(jnp.array([1.0, 1.0, 0.5 * self.radius**2], q.dtype))
+
+    def forces(self, t, q, v):
+        return jnp.array([0.0, -GRAVITY, 0.0], v.dtype)
+
+    def unilateral(self, t, q):
+        return q[1:2] - self.radius
+
+    def slip(self, t, q, v):
+        return (v[0] + self.radius * v[2])[None, None]
+
+
 class Ball(cdiff.AbstractModel):
     """A ball of mass 2 at height q >= 0 under gravity."""
 

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import GRAVITY
+from helpers import GRAVITY, Disk
 
 import cdiff
 
@@ -33,26 +33,6 @@ class Block(cdiff.AbstractModel):
 
     def slip(self, t, q, v):
         return v[None, :1]
-
-
-class Disk(cdiff.AbstractModel):
-    """A uniform disk of unit mass and radius `radius` on a floor, `(x, y, phi)`:
-    the slip of its contact point `dx/dt + radius dphi/dt`."""
-
-    radius: float = 0.5
-    friction: float = 0.3
-
-    def mass_matrix(self, t, q):
-        return jnp.diag(jnp.array([1.0, 1.0, 0.5 * self.radius**2], q.dtype))
-
-    def forces(self, t, q, v):
-        return jnp.array([0.0, -GRAVITY, 0.0], v.dtype)
-
-    def unilateral(self, t, q):
-        return q[1:2] - self.radius
-
-    def slip(self, t, q, v):
-        return (v[0] + self.radius * v[2])[None, None]
 
 
 TOL = 1e-11

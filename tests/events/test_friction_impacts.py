@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import GRAVITY
+from helpers import GRAVITY, Disk
 from jaxtyping import Array
 from scipy.optimize import minimize
 
@@ -145,26 +145,6 @@ def test_gradients_of_random_impacts_match_central_differences(d):
                                    rtol=1e-6, atol=1e-7)
 
 
-class Disk(cdiff.AbstractModel):
-    """A uniform disk of unit mass and radius 0.5 over a floor, `(x, y, phi)`: the
-    slip of its contact point `dx/dt + radius dphi/dt`."""
-
-    friction: float = 0.3
-    radius: float = 0.5
-
-    def mass_matrix(self, t, q):
-        return jnp.diag(jnp.array([1.0, 1.0, 0.5 * self.radius**2], q.dtype))
-
-    def forces(self, t, q, v):
-        return jnp.array([0.0, -GRAVITY, 0.0], v.dtype)
-
-    def unilateral(self, t, q):
-        return q[1:2] - self.radius
-
-    def slip(self, t, q, v):
-        return (v[0] + self.radius * v[2])[None, None]
-
-
 HEIGHT, TOL = 0.2, 1e-11
 TS = np.linspace(0.0, 1.0, 11)
 
@@ -174,7 +154,7 @@ def _drop(mu, speed):
     """The disk dropped from `HEIGHT` above the floor at horizontal `speed`,
     without spin (plastic impact)."""
     return cdiff.simulate(
-        Disk(mu), cdiff.Lagrange(), jnp.array([0.0, 0.5 + HEIGHT, 0.0]),
+        Disk(0.5, mu), cdiff.Lagrange(), jnp.array([0.0, 0.5 + HEIGHT, 0.0]),
         jnp.stack([speed, 0.0, 0.0]), t1=TS[-1], dt=1e-3, solver=diffrax.Tsit5(),
         stepsize_controller=diffrax.PIDController(rtol=TOL, atol=TOL),
         saveat=diffrax.SaveAt(ts=jnp.asarray(TS)), max_steps=20000)
